@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs a Docker Engine with BuildKit (buildx) and compose v2 on Debian bookworm, and starts it.
+# bookworm's own docker.io (20.10) has no buildx package; trixie's .debs run on bookworm
+# (they need libc6 >= 2.34), so trixie is added at a low pin priority and only these come from it.
+set -euo pipefail
+if docker info >/dev/null 2>&1 && docker buildx version >/dev/null 2>&1 && docker compose version >/dev/null 2>&1; then
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+if [ ! -f /etc/apt/sources.list.d/trixie.sources ]; then
+  cat >/etc/apt/sources.list.d/trixie.sources <<'SRC'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: trixie
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+  cat >/etc/apt/preferences.d/trixie-low <<'PIN'
+Package: *
+Pin: release n=trixie
+Pin-Priority: 100
+PIN
+fi
+apt-get update -qq
+apt-get install -y -qq -t trixie docker.io docker-buildx docker-compose >/dev/null
+apt-get install -y -qq debootstrap >/dev/null
+mkdir -p /etc/docker
+[ -f /etc/docker/daemon.json ] || echo '{"features": {"containerd-snapshotter": false}}' >/etc/docker/daemon.json
+if ! docker info >/dev/null 2>&1; then
+  (setsid dockerd >/var/log/dockerd.log 2>&1 &)
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+fi
+docker info --format 'Docker Engine {{.ServerVersion}}'
+docker buildx version
+docker compose version

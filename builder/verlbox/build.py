@@ -1,0 +1,116 @@
+"""Build an image with BuildKit (`docker buildx build`), streaming its steps, tagging only on success."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from verlbox.context import write_context
+from verlbox.engine import client, require_cli, retag, untag
+from verlbox.errors import BuildError, VerlboxError
+from verlbox.plan import BuildPlan
+
+_STEP_START = re.compile(r"^#(\d+) (\[.+|exporting.+|naming.+|writing.+|unpacking.+)$")
+_STEP_END = re.compile(r"^#(\d+) (DONE [0-9.]+s|CACHED|ERROR.*|CANCELED)$")
+
+
+@dataclass
+class StepTiming:
+    name: str
+    seconds: float | None = None
+    cached: bool = False
+
+
+@dataclass
+class BuildResult:
+    image_id: str
+    tags: list[str]
+    seconds: float
+    steps: list[StepTiming] = field(default_factory=list)
+
+
+def default_tag(plan: BuildPlan) -> str:
+    return f"verlbox/{plan.recipe.name}:{plan.verlbox_version}"
+
+
+def log_directory() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "verlbox" / "build-logs"
+
+
+class _StepReporter:
+    """Turns BuildKit's plain progress into one line per finished step (or every line with `plain`)."""
+
+    def __init__(self, console: Console, verbose: bool) -> None:
+        self.console = console
+        self.verbose = verbose
+        self.steps: dict[str, StepTiming] = {}
+
+    def feed(self, line: str) -> None:
+        if self.verbose:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            return
+        if start := _STEP_START.match(line):
+            self.steps.setdefault(start.group(1), StepTiming(start.group(2)))
+        elif (end := _STEP_END.match(line)) and end.group(1) in self.steps:
+            step = self.steps[end.group(1)]
+            outcome = end.group(2)
+            step.cached = outcome == "CACHED"
+            if outcome.startswith("DONE"):
+                step.seconds = float(outcome.split()[1].rstrip("s"))
+            shown = "cached" if step.cached else outcome.lower()
+            self.console.print(f"  {shown:>12}  {step.name[:110]}", markup=False, highlight=False)
+
+
+def build_image(plan: BuildPlan, tags: list[str], *, ca_bundle: Path | None = None, no_cache: bool = False,
+                progress: str = "auto", console: Console | None = None) -> BuildResult:
+    console = console or Console(stderr=True)
+    docker_cli = require_cli()
+    engine = client()
+    if ca_bundle is not None and not ca_bundle.is_file():
+        raise VerlboxError(f"--ca-bundle {ca_bundle}: no such file")
+    temporary_tag = f"verlbox-build/{plan.recipe.name}:{secrets.token_hex(6)}"
+    log_directory().mkdir(parents=True, exist_ok=True)
+    log_path = log_directory() / f"{plan.recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    reporter = _StepReporter(console, verbose=progress == "plain")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="verlbox-context-") as context:
+        write_context(plan, Path(context))
+        command = [docker_cli, "buildx", "build", "--load", "--progress", "plain", "--target", "final",
+                   "--tag", temporary_tag, "--file", str(Path(context) / "Dockerfile")]
+        if ca_bundle is not None:
+            command += ["--secret", f"id=ca_bundle,src={ca_bundle.resolve()}"]
+        if no_cache:
+            command.append("--no-cache")
+        command.append(context)
+        console.print(f"building {plan.recipe.name} FROM {plan.base_image} (log: {log_path})",
+                      markup=False, highlight=False)
+        try:
+            with log_path.open("w") as log, subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+            ) as process:
+                assert process.stdout is not None
+                for line in process.stdout:
+                    log.write(line)
+                    reporter.feed(line.rstrip("\n"))
+                returncode = process.wait()
+        except BaseException:
+            untag(engine, temporary_tag)
+            raise
+        if returncode != 0:
+            untag(engine, temporary_tag)
+            tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
+            raise BuildError(f"the build of {plan.recipe.name} failed (exit {returncode}); previous images and "
+                             f"tags are untouched. Full log: {log_path}\n{tail}")
+    image_id = engine.images.get(temporary_tag).id
+    retag(engine, temporary_tag, tags)
+    log_path.unlink()
+    return BuildResult(image_id, tags, time.monotonic() - started, list(reporter.steps.values()))
