@@ -19,8 +19,8 @@ from verlbox.render import render_dockerfile
 
 DOCKERFILES_DIR = RECIPES_DIR.parent / "dockerfiles"
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _write_atomically(path: Path, text: str) -> None:
