@@ -27,17 +27,22 @@ def ensure_bootstrapped_base(engine: Any, bootstrap: Bootstrap, console: Console
         raise VerlboxError("--bootstrap-base needs debootstrap (apt-get install debootstrap)")
     if os.geteuid() != 0:
         raise VerlboxError("--bootstrap-base runs debootstrap, which needs root")
-    with tempfile.TemporaryDirectory(prefix="verlbox-rootfs-") as root, \
-            console.status(f"debootstrap {bootstrap.suite} ({bootstrap.variant}) -> {reference}"):
+    with (
+        tempfile.TemporaryDirectory(prefix="verlbox-rootfs-") as root,
+        console.status(f"debootstrap {bootstrap.suite} ({bootstrap.variant}) -> {reference}"),
+    ):
         result = subprocess.run(
             ["debootstrap", f"--variant={bootstrap.variant}", bootstrap.suite, root, bootstrap.mirror],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
             raise VerlboxError(f"debootstrap {bootstrap.suite} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
         tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
-        imported = subprocess.run(["docker", "import", "-", reference], stdin=tar.stdout,
-                                  capture_output=True, text=True, check=False)
+        imported = subprocess.run(
+            ["docker", "import", "-", reference], stdin=tar.stdout, capture_output=True, text=True, check=False
+        )
         tar.wait()
         if imported.returncode != 0 or tar.returncode != 0:
             raise VerlboxError(f"docker import of the {bootstrap.suite} root failed: {imported.stderr.strip()}")

@@ -71,8 +71,15 @@ class _StepReporter:
             self.console.print(f"  {shown:>12}  {step.name[:110]}", markup=False, highlight=False)
 
 
-def build_image(plan: BuildPlan, tags: list[str], *, ca_bundle: Path | None = None, no_cache: bool = False,
-                progress: str = "auto", console: Console | None = None) -> BuildResult:
+def build_image(
+    plan: BuildPlan,
+    tags: list[str],
+    *,
+    ca_bundle: Path | None = None,
+    no_cache: bool = False,
+    progress: str = "auto",
+    console: Console | None = None,
+) -> BuildResult:
     console = console or Console(stderr=True)
     docker_cli = require_cli()
     engine = client()
@@ -85,19 +92,35 @@ def build_image(plan: BuildPlan, tags: list[str], *, ca_bundle: Path | None = No
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="verlbox-context-") as context:
         write_context(plan, Path(context))
-        command = [docker_cli, "buildx", "build", "--load", "--progress", "plain", "--target", "final",
-                   "--tag", temporary_tag, "--file", str(Path(context) / "Dockerfile")]
+        command = [
+            docker_cli,
+            "buildx",
+            "build",
+            "--load",
+            "--progress",
+            "plain",
+            "--target",
+            "final",
+            "--tag",
+            temporary_tag,
+            "--file",
+            str(Path(context) / "Dockerfile"),
+        ]
         if ca_bundle is not None:
             command += ["--secret", f"id=ca_bundle,src={ca_bundle.resolve()}"]
         if no_cache:
             command.append("--no-cache")
         command.append(context)
-        console.print(f"building {plan.recipe.name} FROM {plan.base_image} (log: {log_path})",
-                      markup=False, highlight=False)
+        console.print(
+            f"building {plan.recipe.name} FROM {plan.base_image} (log: {log_path})", markup=False, highlight=False
+        )
         try:
-            with log_path.open("w") as log, subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-            ) as process:
+            with (
+                log_path.open("w") as log,
+                subprocess.Popen(
+                    command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+                ) as process,
+            ):
                 assert process.stdout is not None
                 for line in process.stdout:
                     log.write(line)
@@ -109,8 +132,10 @@ def build_image(plan: BuildPlan, tags: list[str], *, ca_bundle: Path | None = No
         if returncode != 0:
             untag(engine, temporary_tag)
             tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
-            raise BuildError(f"the build of {plan.recipe.name} failed (exit {returncode}); previous images and "
-                             f"tags are untouched. Full log: {log_path}\n{tail}")
+            raise BuildError(
+                f"the build of {plan.recipe.name} failed (exit {returncode}); previous images and "
+                f"tags are untouched. Full log: {log_path}\n{tail}"
+            )
     image_id = engine.images.get(temporary_tag).id
     retag(engine, temporary_tag, tags)
     log_path.unlink()

@@ -35,8 +35,14 @@ def cmd_recipes(args: argparse.Namespace) -> int:
     table = Table("recipe", "target GPU (CC)", "CUDA", "torch", "verl", "what it is for")
     for name in recipe_names():
         recipe = load_recipe(name)
-        table.add_row(name, ", ".join(recipe.target_gpus), f"{recipe.cuda.version} ({recipe.cuda.provided_by})",
-                      recipe.torch.version, recipe.verl.version, recipe.description)
+        table.add_row(
+            name,
+            ", ".join(recipe.target_gpus),
+            f"{recipe.cuda.version} ({recipe.cuda.provided_by})",
+            recipe.torch.version,
+            recipe.verl.version,
+            recipe.description,
+        )
     out.print(table)
     return 0
 
@@ -84,8 +90,14 @@ def cmd_build(args: argparse.Namespace) -> int:
         base_override = ensure_bootstrapped_base(client(), recipe.base.bootstrap, err)
     plan = BuildPlan(recipe, base_override=base_override)
     tags = args.tag or [default_tag(plan)]
-    result = build_image(plan, tags, ca_bundle=Path(args.ca_bundle) if args.ca_bundle else None,
-                         no_cache=args.no_cache, progress=args.progress, console=err)
+    result = build_image(
+        plan,
+        tags,
+        ca_bundle=Path(args.ca_bundle) if args.ca_bundle else None,
+        no_cache=args.no_cache,
+        progress=args.progress,
+        console=err,
+    )
     err.print(f"built {', '.join(result.tags)} ({result.image_id[:19]}) in {result.seconds:.0f} s")
     return 0
 
@@ -101,6 +113,117 @@ def cmd_patch_verl(args: argparse.Namespace) -> int:
         for status in pending:
             out.print(f"applied {status.patch.id} ({status.patch.file}, {status.patch.count}x)")
     return 0
+
+
+def cmd_overrides(args: argparse.Namespace) -> int:
+    from verlbox.overrides import installed_verl_config_dir
+    from verlbox.profile import TrainingPlan
+    from verlbox.train import verified_overrides
+
+    plan = TrainingPlan(load_recipe(args.recipe))
+    if installed_verl_config_dir() is None:
+        overrides = plan.overrides
+        err.print(
+            "note: verl is not installed here, so these were not checked against its config "
+            "(the image checks them at every start)"
+        )
+    else:
+        overrides = verified_overrides(plan, args.extra)
+    out.print("\n".join(overrides), markup=False)
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from verlbox.train import image_recipe, train
+
+    return train(
+        image_recipe(args.recipe), args.overrides, dry_run=args.dry_run, gpu_memory_gib=args.gpu_memory_gib, console=err
+    )
+
+
+def cmd_prepare_data(args: argparse.Namespace) -> int:
+    from verlbox.data import prepare_gsm8k
+
+    written = prepare_gsm8k(Path(args.source), Path(args.out), validation_size=args.validation_size)
+    for name, (rows, changed) in written.items():
+        out.print(f"{Path(args.out) / name}.parquet: {rows} rows{'' if changed else ' (unchanged)'}")
+    return 0
+
+
+def _print_results(results: list) -> None:
+    table = Table("tier", "check", "result", "detail")
+    colours = {"passed": "green", "failed": "red", "skipped": "yellow"}
+    for result in results:
+        table.add_row(result.tier, result.name, f"[{colours[result.status]}]{result.status}[/]", result.detail)
+    out.print(table)
+
+
+def cmd_smoke_checks(args: argparse.Namespace) -> int:
+    from verlbox.smoke import results_json, run_smoke
+    from verlbox.train import image_recipe
+
+    recipe = image_recipe(args.recipe)
+    if args.json == "-":
+        # verl and transformers print to stdout; keep it clean for the JSON the host reads
+        sys.stdout.flush()
+        json_out = os.dup(1)
+        os.dup2(2, 1)
+        try:
+            results = run_smoke(recipe, gpu=args.gpu)
+        finally:
+            sys.stdout.flush()
+            os.dup2(json_out, 1)
+        sys.stdout.write(results_json(results) + "\n")
+    else:
+        results = run_smoke(recipe, gpu=args.gpu)
+        if args.json:
+            _write_atomically(Path(args.json), results_json(results) + "\n")
+        _print_results(results)
+    return 1 if any(r.status == "failed" for r in results) else 0
+
+
+def cmd_smoke(args: argparse.Namespace) -> int:
+    import json
+    import subprocess
+
+    from verlbox.build import default_tag
+    from verlbox.engine import require_cli
+    from verlbox.smoke import CheckResult
+
+    image = args.image or default_tag(BuildPlan(load_recipe(args.recipe)))
+    command = [require_cli(), "run", "--rm", "--shm-size", "2g"]
+    command += ["--gpus", "all"] if args.gpu else []
+    command += [image, "smoke-checks", "--json", "-"] + (["--gpu"] if args.gpu else [])
+    with err.status(f"running smoke checks in {image}"):
+        run = subprocess.run(command, capture_output=True, text=True, check=False)
+    try:
+        results = [CheckResult(**row) for row in json.loads(run.stdout)]
+    except (json.JSONDecodeError, TypeError):
+        raise VerlboxError(
+            f"the smoke checks in {image} did not report (exit {run.returncode}): {run.stderr.strip()[-2000:]}"
+        ) from None
+    if args.json:
+        _write_atomically(Path(args.json), run.stdout)
+    _print_results(results)
+    return 1 if any(r.status == "failed" for r in results) else 0
+
+
+def cmd_shell(args: argparse.Namespace) -> int:
+    from verlbox.build import default_tag
+    from verlbox.engine import require_cli
+
+    # compose.yaml's `train` service is the one definition of GPU, mounts, user and environment
+    image = args.image or default_tag(BuildPlan(load_recipe(args.recipe)))
+    compose_file = RECIPES_DIR.parent / "compose.yaml"
+    one_command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = [require_cli(), "compose", "-f", str(compose_file), "run", "--rm"]
+    if one_command:
+        command += ["--entrypoint", one_command[0], "train", *one_command[1:]]
+    else:
+        command += ["--entrypoint", "bash", "train"]
+    environment = {"VERLBOX_IMAGE": image, "VERLBOX_UID": str(os.getuid()), "VERLBOX_GID": str(os.getgid())}
+    os.execvpe(command[0], command, os.environ | environment)
+    return 0  # not reached: exec replaces this process
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -125,11 +248,51 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("recipe")
     build.add_argument("--tag", "-t", action="append", help="image tag (repeatable; default verlbox/NAME:VERSION)")
     build.add_argument("--base-image", help="replace the recipe's base (a mirror, a local copy)")
-    build.add_argument("--bootstrap-base", action="store_true",
-                       help="make the base locally with debootstrap as the recipe's base.bootstrap says")
+    build.add_argument(
+        "--bootstrap-base",
+        action="store_true",
+        help="make the base locally with debootstrap as the recipe's base.bootstrap says",
+    )
     build.add_argument("--ca-bundle", help="extra CA bundle to trust while building (a BuildKit secret, never a layer)")
     build.add_argument("--no-cache", action="store_true")
     build.add_argument("--progress", choices=["auto", "plain"], default="auto")
+
+    overrides = command("overrides", cmd_overrides, "print the Hydra overrides a recipe's profile passes to verl")
+    overrides.add_argument("recipe")
+    overrides.add_argument("extra", nargs="*", help="user overrides to merge and check, as train takes them")
+
+    train = command("train", cmd_train, "(in the image) preflight, then verl PPO with the profile's overrides")
+    train.add_argument("overrides", nargs="*", help="extra Hydra overrides (key=value); the profile's are checked too")
+    train.add_argument("--recipe", help="default: the recipe the image was built from")
+    train.add_argument("--dry-run", action="store_true", help="print the exact command and stop")
+    train.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        default=float(os.environ.get("VERLBOX_GPU_MEMORY_GIB") or 0) or None,
+        help="cap every process's CUDA memory (emulate a smaller GPU, e.g. 24 for a P40)",
+    )
+
+    prepare = command("prepare-data", cmd_prepare_data, "turn a local GSM8K download into verl's parquet rows")
+    prepare.add_argument("dataset", choices=["gsm8k"])
+    prepare.add_argument("--source", required=True, help="hub layout, datasets.save_to_disk folder, or JSONL folder")
+    prepare.add_argument("--out", required=True)
+    prepare.add_argument("--validation-size", type=int, default=256, help="test rows kept for validation")
+
+    smoke = command("smoke", cmd_smoke, "run the image's smoke checks in a container and print the table")
+    smoke.add_argument("recipe")
+    smoke.add_argument("--image", help="default: verlbox/NAME:VERSION")
+    smoke.add_argument("--gpu", action="store_true", help="also run the GPU tier (docker run --gpus all)")
+    smoke.add_argument("--json", help="also write the results as JSON to this file")
+
+    checks = command("smoke-checks", cmd_smoke_checks, "(in the image, or any env with the stack) run the checks")
+    checks.add_argument("--recipe", help="default: the recipe the image was built from")
+    checks.add_argument("--gpu", action="store_true")
+    checks.add_argument("--json", help="write results as JSON to FILE, or to stdout with -")
+
+    shell = command("shell", cmd_shell, "a shell (or one command) in the image, set up as `train` is")
+    shell.add_argument("recipe", nargs="?", default="p40")
+    shell.add_argument("--image", help="default: verlbox/NAME:VERSION")
+    shell.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS: run one command instead")
 
     patch = command("patch-verl", cmd_patch_verl, "apply verlbox's patch set to a verl tree")
     patch.add_argument("directory", help="the folder that holds the verl/ package (e.g. site-packages)")

@@ -16,8 +16,10 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 def write_context(plan: BuildPlan, directory: Path) -> Path:
     """Fill `directory`; the same plan and source give the same bytes, so the layer cache holds."""
     if not (SOURCE_ROOT / "pyproject.toml").is_file():
-        raise VerlboxError(f"building needs verlbox's source tree (no pyproject.toml in {SOURCE_ROOT}): "
-                           "install it with `pip install -e .` from a checkout")
+        raise VerlboxError(
+            f"building needs verlbox's source tree (no pyproject.toml in {SOURCE_ROOT}): "
+            "install it with `pip install -e .` from a checkout"
+        )
     (directory / "Dockerfile").write_text(render_dockerfile(plan))
     recipe = {"recipe": plan.recipe.model_dump(mode="json"), "labels": plan.labels}
     (directory / "recipe.json").write_text(json.dumps(recipe, indent=2, sort_keys=True) + "\n")
@@ -25,6 +27,9 @@ def write_context(plan: BuildPlan, directory: Path) -> Path:
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(SOURCE_ROOT / name, source / name)
-    shutil.copytree(SOURCE_ROOT / "builder" / "verlbox", source / "builder" / "verlbox",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(
+        SOURCE_ROOT / "builder" / "verlbox",
+        source / "builder" / "verlbox",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
     return directory

@@ -66,9 +66,11 @@ def _read_split(source: Path, split: str) -> tuple[Path, list[dict[str, object]]
                 except json.JSONDecodeError as exc:
                     raise DataError(f"{jsonl}:{number}: not JSON ({exc.msg})") from None
         return jsonl, rows
-    raise DataError(f"no GSM8K {split} split in {source}: expected main/{split}-00000-of-00001.parquet "
-                    f"(the hub's layout), a datasets.save_to_disk folder ({split}/*.arrow beside "
-                    f"dataset_dict.json) or {split}.jsonl")
+    raise DataError(
+        f"no GSM8K {split} split in {source}: expected main/{split}-00000-of-00001.parquet "
+        f"(the hub's layout), a datasets.save_to_disk folder ({split}/*.arrow beside "
+        f"dataset_dict.json) or {split}.jsonl"
+    )
 
 
 def _convert(path: Path, rows: list[dict[str, object]], split: str) -> list[dict[str, object]]:
@@ -76,8 +78,9 @@ def _convert(path: Path, rows: list[dict[str, object]], split: str) -> list[dict
     for index, row in enumerate(rows):
         missing = [column for column in ("question", "answer") if not isinstance(row.get(column), str)]
         if missing:
-            raise DataError(f"{path}: row {index} has no text column {missing[0]!r} "
-                            f"(columns: {', '.join(sorted(row)) or 'none'})")
+            raise DataError(
+                f"{path}: row {index} has no text column {missing[0]!r} (columns: {', '.join(sorted(row)) or 'none'})"
+            )
         try:
             converted.append(to_verl_row(str(row["question"]), str(row["answer"]), split, index))
         except ValueError as exc:

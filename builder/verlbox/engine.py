@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from typing import Any
 
@@ -54,7 +55,5 @@ def retag(engine: Any, source: str, targets: list[str]) -> None:
 def untag(engine: Any, reference: str) -> None:
     import docker
 
-    try:
+    with contextlib.suppress(docker.errors.ImageNotFound):
         engine.images.remove(reference, noprune=True)
-    except docker.errors.ImageNotFound:
-        pass

@@ -44,8 +44,10 @@ def capability_for(compute_capability: str) -> GpuCapability:
     for row in CAPABILITIES:
         if Version(compute_capability) >= Version(row.min_compute_capability):
             return row
-    raise UnsupportedGpu(f"compute capability {compute_capability} is older than anything verlbox supports "
-                         f"(oldest: {CAPABILITIES[-1].min_compute_capability}, {CAPABILITIES[-1].generation})")
+    raise UnsupportedGpu(
+        f"compute capability {compute_capability} is older than anything verlbox supports "
+        f"(oldest: {CAPABILITIES[-1].min_compute_capability}, {CAPABILITIES[-1].generation})"
+    )
 
 
 def rollout_backend(compute_capability: str, vllm_kernels_for: list[str] | None) -> str:

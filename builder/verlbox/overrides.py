@@ -72,8 +72,14 @@ def compose(config_dir: Path, overrides: list[str]) -> object:
         raise OverrideError(f"verl's Hydra config rejects the overrides: {exc}") from None
 
 
-def check_overrides(raw_overrides: list[str], config_dir: Path, patch_set: PatchSet, target_gpu: str,
-                    flash_attn_installed: bool, vllm_kernels_for: list[str] | None = None) -> object:
+def check_overrides(
+    raw_overrides: list[str],
+    config_dir: Path,
+    patch_set: PatchSet,
+    target_gpu: str,
+    flash_attn_installed: bool,
+    vllm_kernels_for: list[str] | None = None,
+) -> object:
     """Return the composed config, or raise one error that lists every problem found."""
     from omegaconf import OmegaConf
 
@@ -83,12 +89,18 @@ def check_overrides(raw_overrides: list[str], config_dir: Path, patch_set: Patch
     problems = []
     for override in overrides:
         if override.key in REAL_KEYS:
-            problems.append(f"{override.key}: verl {patch_set.verl_version} never reads it, so it would be "
-                            f"silently ignored; the real key: {REAL_KEYS[override.key]}")
-        elif (OmegaConf.select(declared, override.key, default=missing) is missing
-              and override.key not in patch_set.code_read_keys):
-            problems.append(f"{override.key}: verl {patch_set.verl_version} does not declare it in "
-                            "ppo_trainer.yaml and its code never reads it, so it would be silently ignored")
+            problems.append(
+                f"{override.key}: verl {patch_set.verl_version} never reads it, so it would be "
+                f"silently ignored; the real key: {REAL_KEYS[override.key]}"
+            )
+        elif (
+            OmegaConf.select(declared, override.key, default=missing) is missing
+            and override.key not in patch_set.code_read_keys
+        ):
+            problems.append(
+                f"{override.key}: verl {patch_set.verl_version} does not declare it in "
+                "ppo_trainer.yaml and its code never reads it, so it would be silently ignored"
+            )
     if problems:
         raise OverrideError("\n".join(problems))
     config = compose(config_dir, raw_overrides)
@@ -98,8 +110,13 @@ def check_overrides(raw_overrides: list[str], config_dir: Path, patch_set: Patch
     return config
 
 
-def _semantic_problems(config: object, overrides: list[Override], target_gpu: str,
-                       flash_attn_installed: bool, vllm_kernels_for: list[str] | None) -> list[str]:
+def _semantic_problems(
+    config: object,
+    overrides: list[Override],
+    target_gpu: str,
+    flash_attn_installed: bool,
+    vllm_kernels_for: list[str] | None,
+) -> list[str]:
     from omegaconf import OmegaConf
 
     def get(key: str) -> object:
@@ -110,22 +127,33 @@ def _semantic_problems(config: object, overrides: list[Override], target_gpu: st
     problems = []
     kl_in_use = get("algorithm.use_kl_in_reward") or get("actor_rollout_ref.actor.use_kl_loss")
     if "algorithm.kl_ctrl.kl_coef" in given and not kl_in_use:
-        problems.append("algorithm.kl_ctrl.kl_coef: no KL is in use, so it does nothing; also set "
-                        "algorithm.use_kl_in_reward=True or actor_rollout_ref.actor.use_kl_loss=True")
+        problems.append(
+            "algorithm.kl_ctrl.kl_coef: no KL is in use, so it does nothing; also set "
+            "algorithm.use_kl_in_reward=True or actor_rollout_ref.actor.use_kl_loss=True"
+        )
     for key in ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding"):
         if get(key) and not flash_attn_installed:
-            problems.append(f"{key}=True needs flash-attn, which this image does not have (and cannot "
-                            f"use on compute capability {target_gpu}); keep it False")
+            problems.append(
+                f"{key}=True needs flash-attn, which this image does not have (and cannot "
+                f"use on compute capability {target_gpu}); keep it False"
+            )
     if get("actor_rollout_ref.actor.use_torch_compile") and not capability.torch_compile:
-        problems.append(f"actor_rollout_ref.actor.use_torch_compile=True: Triton refuses compute capability "
-                        f"{target_gpu} ({capability.generation}); keep it False")
+        problems.append(
+            f"actor_rollout_ref.actor.use_torch_compile=True: Triton refuses compute capability "
+            f"{target_gpu} ({capability.generation}); keep it False"
+        )
     if get("actor_rollout_ref.rollout.dtype") == "bfloat16" and not capability.bf16:
-        problems.append(f"actor_rollout_ref.rollout.dtype=bfloat16: {capability.generation} GPUs have no bf16; "
-                        "use float32")
+        problems.append(
+            f"actor_rollout_ref.rollout.dtype=bfloat16: {capability.generation} GPUs have no bf16; use float32"
+        )
     if get("actor_rollout_ref.rollout.name") == "vllm" and rollout_backend(target_gpu, vllm_kernels_for) != "vllm":
-        problems.append(f"actor_rollout_ref.rollout.name=vllm: the installed vLLM has no kernels for compute "
-                        f"capability {target_gpu} (\"no kernel image is available\"); use hf")
+        problems.append(
+            f"actor_rollout_ref.rollout.name=vllm: the installed vLLM has no kernels for compute "
+            f'capability {target_gpu} ("no kernel image is available"); use hf'
+        )
     if get("actor_rollout_ref.rollout.name") == "hf" and get("actor_rollout_ref.rollout.micro_batch_size") is None:
-        problems.append("actor_rollout_ref.rollout.name=hf without +actor_rollout_ref.rollout.micro_batch_size: "
-                        "validation would generate every prompt in one batch")
+        problems.append(
+            "actor_rollout_ref.rollout.name=hf without +actor_rollout_ref.rollout.micro_batch_size: "
+            "validation would generate every prompt in one batch"
+        )
     return problems

@@ -30,8 +30,7 @@ def _exact_version(value: str) -> str:
         Version(value)
     except InvalidVersion:
         raise ValueError(
-            f"expected an exact version such as '2.6.0', got {value!r} "
-            "(ranges, wildcards and 'latest' are not pins)"
+            f"expected an exact version such as '2.6.0', got {value!r} (ranges, wildcards and 'latest' are not pins)"
         ) from None
     return value
 
@@ -201,8 +200,13 @@ def _read_mapping(path: Path) -> dict[str, Any]:
     return data
 
 
-def _merge(parent: Mapping[str, Any], child: Mapping[str, Any], child_file: Path,
-           origins: dict[tuple[str, ...], Path], prefix: tuple[str, ...] = ()) -> dict[str, Any]:
+def _merge(
+    parent: Mapping[str, Any],
+    child: Mapping[str, Any],
+    child_file: Path,
+    origins: dict[tuple[str, ...], Path],
+    prefix: tuple[str, ...] = (),
+) -> dict[str, Any]:
     """Deep-merge mappings; the child wins, `key: null` removes a parent's key, lists are replaced."""
     merged = dict(parent)
     for key, value in child.items():
@@ -230,8 +234,9 @@ def _load_merged(path: Path, chain: tuple[Path, ...], origins: dict[tuple[str, .
     try:
         parent_path = resolve_recipe_path(parent_ref, relative_to=path.parent)
     except RecipeError:
-        raise RecipeError(path, "extends", f"{parent_ref!r} does not exist (looked beside {path.name} "
-                          f"and under {RECIPES_DIR})") from None
+        raise RecipeError(
+            path, "extends", f"{parent_ref!r} does not exist (looked beside {path.name} and under {RECIPES_DIR})"
+        ) from None
     parent = _load_merged(parent_path, (*chain, path), origins)
     return _merge(parent, data, path, origins)
 

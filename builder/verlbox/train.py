@@ -29,13 +29,15 @@ class PreflightFailed(VerlboxError):
 
 
 def image_recipe(reference: str | None = None) -> Recipe:
-    """The recipe this image was built from (baked in at build time), or one named explicitly."""
+    """The recipe named explicitly, else the one this image was built from, else VERLBOX_RECIPE_NAME."""
     if reference:
         return load_recipe(reference)
     baked = os.environ.get("VERLBOX_RECIPE_FILE")
-    if not baked or not Path(baked).is_file():
-        raise VerlboxError("no recipe given and VERLBOX_RECIPE_FILE is not set (outside an image, name one)")
-    return Recipe.model_validate(json.loads(Path(baked).read_text())["recipe"])
+    if baked and Path(baked).is_file():
+        return Recipe.model_validate(json.loads(Path(baked).read_text())["recipe"])
+    if os.environ.get("VERLBOX_RECIPE_NAME"):
+        return load_recipe(os.environ["VERLBOX_RECIPE_NAME"])
+    raise VerlboxError("no recipe given and none baked in (VERLBOX_RECIPE_FILE): outside an image, name one")
 
 
 def merge_overrides(profile: list[str], user: list[str]) -> list[str]:
@@ -48,8 +50,9 @@ def merge_overrides(profile: list[str], user: list[str]) -> list[str]:
         override = Override.parse(raw)
         previous = merged.get(override.key)
         prefix = override.prefix or (previous.prefix if previous else "")
-        merged[override.key] = Override(f"{prefix}{override.key}={override.value}", prefix, override.key,
-                                        override.value)
+        merged[override.key] = Override(
+            f"{prefix}{override.key}={override.value}", prefix, override.key, override.value
+        )
     return [override.raw for override in merged.values()]
 
 
@@ -58,9 +61,14 @@ def verified_overrides(plan: TrainingPlan, user: list[str]) -> list[str]:
     config_dir = installed_verl_config_dir()
     if config_dir is None:
         raise VerlboxError("verl is not installed here, so the overrides cannot be checked against its config")
-    check_overrides(overrides, config_dir, patch_set_for(plan.recipe.verl.version), plan.oldest_target,
-                    flash_attn_installed=importlib.util.find_spec("flash_attn") is not None,
-                    vllm_kernels_for=plan.recipe.vllm.kernels_for if plan.recipe.vllm else None)
+    check_overrides(
+        overrides,
+        config_dir,
+        patch_set_for(plan.recipe.verl.version),
+        plan.oldest_target,
+        flash_attn_installed=importlib.util.find_spec("flash_attn") is not None,
+        vllm_kernels_for=plan.recipe.vllm.kernels_for if plan.recipe.vllm else None,
+    )
     return overrides
 
 
@@ -88,17 +96,24 @@ def ensure_data(overrides: list[str], environ: dict[str, str], console: Console)
     target = files[0].parent
     if not raw.exists():
         missing = next(path for path in files if not path.is_file())
-        return preflight.Check("data", False, f"{missing} is missing and there is no GSM8K download at {raw} to "
-                               f"make it from: run `verlbox prepare-data gsm8k --source DOWNLOAD --out {target}` "
-                               "or set VERLBOX_GSM8K_SOURCE")
+        return preflight.Check(
+            "data",
+            False,
+            f"{missing} is missing and there is no GSM8K download at {raw} to "
+            f"make it from: run `verlbox prepare-data gsm8k --source DOWNLOAD --out {target}` "
+            "or set VERLBOX_GSM8K_SOURCE",
+        )
     written = prepare_gsm8k(raw, target)
-    console.print(f"prepared GSM8K from {raw} into {target}: "
-                  + ", ".join(f"{name} {rows} rows" for name, (rows, _) in written.items()))
+    console.print(
+        f"prepared GSM8K from {raw} into {target}: "
+        + ", ".join(f"{name} {rows} rows" for name, (rows, _) in written.items())
+    )
     return preflight.Check("data", True, f"prepared from {raw}")
 
 
-def run_preflight(plan: TrainingPlan, overrides: list[str], environ: dict[str, str],
-                  facts: preflight.GpuFacts, console: Console) -> list[preflight.Check]:
+def run_preflight(
+    plan: TrainingPlan, overrides: list[str], environ: dict[str, str], facts: preflight.GpuFacts, console: Console
+) -> list[preflight.Check]:
     gpus = int(_value(overrides, "trainer.n_gpus_per_node") or 1)
     checks = [
         preflight.check_gpu_visible(facts, gpus),
@@ -114,8 +129,9 @@ def run_preflight(plan: TrainingPlan, overrides: list[str], environ: dict[str, s
     return checks
 
 
-def train(recipe: Recipe, user_overrides: list[str], *, dry_run: bool, gpu_memory_gib: float | None,
-          console: Console) -> int:
+def train(
+    recipe: Recipe, user_overrides: list[str], *, dry_run: bool, gpu_memory_gib: float | None, console: Console
+) -> int:
     environ = dict(os.environ)
     plan = TrainingPlan(recipe, environ)
     overrides = verified_overrides(plan, user_overrides)

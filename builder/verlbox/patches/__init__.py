@@ -63,16 +63,21 @@ class PatchError(VerlboxError):
 
 def available_versions() -> list[str]:
     folder = resources.files("verlbox.patches")
-    return sorted(p.name.removeprefix("verl-").removesuffix(".yaml")
-                  for p in folder.iterdir() if p.name.startswith("verl-") and p.name.endswith(".yaml"))
+    return sorted(
+        p.name.removeprefix("verl-").removesuffix(".yaml")
+        for p in folder.iterdir()
+        if p.name.startswith("verl-") and p.name.endswith(".yaml")
+    )
 
 
 @cache
 def patch_set_for(verl_version: str) -> PatchSet:
     source = resources.files("verlbox.patches") / f"verl-{verl_version}.yaml"
     if not source.is_file():
-        raise PatchError(f"verlbox has no patch set for verl {verl_version} "
-                         f"(it has: {', '.join(available_versions())}); nothing was changed")
+        raise PatchError(
+            f"verlbox has no patch set for verl {verl_version} "
+            f"(it has: {', '.join(available_versions())}); nothing was changed"
+        )
     return PatchSet.model_validate(yaml.safe_load(source.read_text()))
 
 
@@ -89,9 +94,12 @@ def _status(patch: Patch, text: str) -> PatchStatus:
         return PatchStatus(patch, PatchState.APPLIED, f"applied ({applied} of {patch.count} places)")
     if applied == 0 and pending == patch.count:
         return PatchStatus(patch, PatchState.PENDING, f"not applied ({pending} of {patch.count} places match)")
-    return PatchStatus(patch, PatchState.MISMATCH,
-                       f"expected {patch.count} places in {patch.file}, found {pending} unpatched "
-                       f"and {applied} patched: this verl tree is not the one the patch was written for")
+    return PatchStatus(
+        patch,
+        PatchState.MISMATCH,
+        f"expected {patch.count} places in {patch.file}, found {pending} unpatched "
+        f"and {applied} patched: this verl tree is not the one the patch was written for",
+    )
 
 
 def verify(site_dir: Path, patch_set: PatchSet) -> list[PatchStatus]:

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Source this on a GPU machine without Docker (the lent H200): it installs the carried wheels of the
+# verl 0.4.1 stack into /tmp/site beside that machine's own torch, applies verlbox's patch set to
+# that verl and puts verlbox on PYTHONPATH. Make the wheels here first (docs/benchmarks.md says how).
+set -euo pipefail
+rm -rf /tmp/site/verl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .device/wheels/*.whl
+tar -xJf .device/wheels/ray_nojars.tar.xz -C /tmp/site
+export PYTHONPATH="/tmp/site:$PWD/builder" PYTHONUNBUFFERED=1
+python3 -m verlbox.cli patch-verl /tmp/site
