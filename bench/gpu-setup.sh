@@ -7,5 +7,7 @@ rm -rf /tmp/site/verl
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .device/wheels/*.whl
 tar -xJf .device/wheels/ray_nojars.tar.xz -C /tmp/site
+# the repacked Ray comes from a zip extraction, which drops the exec bits of its daemons
+find /tmp/site/ray/core/src -type f ! -name '*.so' -exec chmod +x {} +
 export PYTHONPATH="/tmp/site:$PWD/builder" PYTHONUNBUFFERED=1
 python3 -m verlbox.cli patch-verl /tmp/site

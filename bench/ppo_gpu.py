@@ -34,7 +34,8 @@ SEEDS_BATCH_1 = [
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
     "+actor_rollout_ref.rollout.micro_batch_size=1",
 ]
-_STEP = re.compile(r"^step:(\d+) - (.*)$")
+# Ray prefixes the trainer's lines with "(TaskRunner pid=...)"
+_STEP = re.compile(r"step:(\d+) - (.*)$")
 
 
 def prepare(workdir: Path) -> tuple[Path, Path]:
@@ -47,7 +48,7 @@ def prepare(workdir: Path) -> tuple[Path, Path]:
 
 
 def _metrics(line: str) -> tuple[int, dict[str, float]] | None:
-    match = _STEP.match(line.strip())
+    match = _STEP.search(line.strip())
     if not match:
         return None
     values = {}

@@ -6,6 +6,7 @@ the facts of a GPU they do not have.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,10 +52,7 @@ def probe_gpu() -> GpuFacts:
             devices.append(
                 GpuDevice(properties.name, f"{properties.major}.{properties.minor}", total / 2**30, free / 2**30)
             )
-    driver_cuda = None
-    if torch.version.cuda and torch.cuda.is_available():
-        encoded = torch._C._cuda_getDriverVersion()
-        driver_cuda = f"{encoded // 1000}.{encoded % 1000 // 10}"
+    driver_cuda = _driver_cuda_version() if devices else None
     cap = os.environ.get("VERLBOX_GPU_MEMORY_GIB")
     return GpuFacts(
         devices,
@@ -63,6 +61,18 @@ def probe_gpu() -> GpuFacts:
         _nvidia_driver_version(),
         float(cap) if cap else None,
     )
+
+
+def _driver_cuda_version() -> str | None:
+    """The CUDA version the installed driver supports, from libcuda itself (cuDriverGetVersion)."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    encoded = ctypes.c_int()
+    if libcuda.cuDriverGetVersion(ctypes.byref(encoded)) != 0:
+        return None
+    return f"{encoded.value // 1000}.{encoded.value % 1000 // 10}"
 
 
 def _nvidia_driver_version() -> str | None:

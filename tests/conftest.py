@@ -1,0 +1,86 @@
+"""Shared fixtures: the real verl 0.4.1 wheel (for patching and its Hydra config) and the Docker engine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def verl_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """verl==0.4.1 exactly as PyPI serves it (downloaded once per session)."""
+    target = tmp_path_factory.mktemp("verl-wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "verl==0.4.1", "-d", str(target)],
+        check=True,
+        capture_output=True,
+    )
+    return next(target.glob("verl-0.4.1-*.whl"))
+
+
+@pytest.fixture
+def verl_tree(verl_wheel: Path, tmp_path: Path) -> Path:
+    """A fresh, unpatched site-packages-like folder holding verl 0.4.1."""
+    site = tmp_path / "site-packages"
+    with zipfile.ZipFile(verl_wheel) as wheel:
+        wheel.extractall(site)
+    return site
+
+
+@pytest.fixture(scope="session")
+def verl_config_dir(verl_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site = tmp_path_factory.mktemp("verl-config")
+    with zipfile.ZipFile(verl_wheel) as wheel:
+        wheel.extractall(site)
+    return site / "verl" / "trainer" / "config"
+
+
+def _unavailable(reason: str) -> None:
+    # CI starts an engine (.ci/run); there, a missing engine is a failure, never a skip
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run the Docker tests: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> object:
+    if shutil.which("docker") is None:
+        _unavailable("no docker CLI on PATH")
+    import docker
+
+    try:
+        engine = docker.from_env()
+        engine.ping()
+    except docker.errors.DockerException as exc:
+        _unavailable(f"no Docker engine answers: {exc}")
+    if subprocess.run(["docker", "buildx", "version"], capture_output=True, check=False).returncode != 0:
+        _unavailable("docker buildx is missing")
+    return engine
+
+
+@pytest.fixture(scope="session")
+def compose_cli() -> None:
+    if subprocess.run(["docker", "compose", "version"], capture_output=True, check=False).returncode != 0:
+        _unavailable("docker compose v2 is missing")
+
+
+def run_verlbox(
+    *args: str, cwd: Path = REPO, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "verlbox.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=os.environ | (env or {}),
+        timeout=timeout,
+        check=False,
+    )

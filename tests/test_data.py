@@ -1,0 +1,127 @@
+"""GSM8K prep from each local layout into verl's exact rows."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import run_verlbox
+from verlbox.data import DataError, prepare_gsm8k
+
+ROWS = {
+    "train": [
+        {"question": "Natalia sold 48 clips. How many?", "answer": "She sold 48 + 24 = 72.\n#### 72"},
+        {"question": "A farm has 1,200 cows and buys 300.", "answer": "1,200 + 300 = 1,500\n#### 1,500"},
+    ],
+    "test": [{"question": "What is 2 minus 5?", "answer": "2 - 5 = -3\n#### -3"}],
+}
+
+
+def hub_layout(folder: Path) -> Path:
+    (folder / "main").mkdir(parents=True)
+    for split, rows in ROWS.items():
+        pq.write_table(pa.Table.from_pylist(rows), folder / "main" / f"{split}-00000-of-00001.parquet")
+    return folder
+
+
+def jsonl_layout(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    for split, rows in ROWS.items():
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+def save_to_disk_layout(folder: Path) -> Path:
+    """The files datasets.save_to_disk writes: an arrow stream per split beside dataset_dict.json."""
+    folder.mkdir(parents=True)
+    (folder / "dataset_dict.json").write_text(json.dumps({"splits": list(ROWS)}))
+    for split, rows in ROWS.items():
+        (folder / split).mkdir()
+        table = pa.Table.from_pylist(rows)
+        with (
+            pa.OSFile(str(folder / split / "data-00000-of-00001.arrow"), "wb") as sink,
+            pa.ipc.new_stream(sink, table.schema) as writer,
+        ):
+            writer.write_table(table)
+    return folder
+
+
+@pytest.mark.parametrize("layout", [hub_layout, jsonl_layout, save_to_disk_layout])
+def test_every_layout_gives_verls_exact_rows(tmp_path: Path, layout) -> None:
+    written = prepare_gsm8k(layout(tmp_path / "source"), tmp_path / "out")
+    assert written == {"train": (2, True), "test": (1, True), "validation": (1, True)}
+    train = pq.read_table(tmp_path / "out" / "train.parquet").to_pylist()
+    assert train[1] == {
+        "data_source": "openai/gsm8k",
+        "prompt": [
+            {
+                "role": "user",
+                "content": "A farm has 1,200 cows and buys 300. Let's think step by step and "
+                'output the final answer after "####".',
+            }
+        ],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": "1500"},
+        "extra_info": {
+            "split": "train",
+            "index": 1,
+            "answer": ROWS["train"][1]["answer"],
+            "question": ROWS["train"][1]["question"],
+        },
+    }
+    test = pq.read_table(tmp_path / "out" / "test.parquet").to_pylist()
+    assert test[0]["reward_model"]["ground_truth"] == "-3" and test[0]["extra_info"]["split"] == "test"
+
+
+def test_second_run_is_a_no_op(tmp_path: Path) -> None:
+    source = jsonl_layout(tmp_path / "source")
+    prepare_gsm8k(source, tmp_path / "out")
+    stamp = (tmp_path / "out" / "train.parquet").stat().st_mtime_ns
+    assert prepare_gsm8k(source, tmp_path / "out") == {
+        "train": (2, False),
+        "test": (1, False),
+        "validation": (1, False),
+    }
+    assert (tmp_path / "out" / "train.parquet").stat().st_mtime_ns == stamp
+
+
+def test_validation_is_a_fixed_slice_of_test(tmp_path: Path) -> None:
+    source = jsonl_layout(tmp_path / "source")
+    (source / "test.jsonl").write_text(
+        "".join(json.dumps({"question": f"q{i}", "answer": f"#### {i}"}) + "\n" for i in range(300))
+    )
+    assert prepare_gsm8k(source, tmp_path / "out")["validation"] == (256, True)
+    assert prepare_gsm8k(source, tmp_path / "o2", validation_size=8)["validation"] == (8, True)
+
+
+def test_missing_column_is_named_and_nothing_is_written(tmp_path: Path) -> None:
+    source = jsonl_layout(tmp_path / "source")
+    (source / "test.jsonl").write_text(json.dumps({"question": "q", "solution": "#### 1"}) + "\n")
+    with pytest.raises(
+        DataError, match=re.escape("test.jsonl: row 0 has no text column 'answer' (columns: question, solution)")
+    ):
+        prepare_gsm8k(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_answer_without_final_number(tmp_path: Path) -> None:
+    source = jsonl_layout(tmp_path / "source")
+    (source / "train.jsonl").write_text(json.dumps({"question": "q", "answer": "no idea"}) + "\n")
+    with pytest.raises(DataError, match="row 0 answer: no '#### <number>' final answer"):
+        prepare_gsm8k(source, tmp_path / "out")
+
+
+def test_cli_missing_files_exit_2_with_the_expected_layouts(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    result = run_verlbox("prepare-data", "gsm8k", "--source", str(tmp_path / "empty"), "--out", str(tmp_path / "o"))
+    assert result.returncode == 2
+    assert "no GSM8K train split" in result.stderr and "main/train-00000-of-00001.parquet" in result.stderr
+    ok = run_verlbox(
+        "prepare-data", "gsm8k", "--source", str(jsonl_layout(tmp_path / "s")), "--out", str(tmp_path / "o")
+    )
+    assert ok.returncode == 0 and "train.parquet: 2 rows" in ok.stdout

@@ -1,0 +1,105 @@
+"""Preflight checks and the GPU table, fed the facts of GPUs this machine does not have."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from verlbox import preflight
+from verlbox.gpu import capability_for, has_code_for, rollout_backend
+from verlbox.preflight import GpuDevice, GpuFacts
+
+PYPI_TORCH_26 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
+P40 = GpuDevice("Tesla P40", "6.1", 22.4, 22.2)
+
+
+def facts(*devices: GpuDevice, driver_cuda: str = "12.4", archs: list[str] = PYPI_TORCH_26) -> GpuFacts:
+    return GpuFacts(list(devices), archs, driver_cuda, "550.54.14")
+
+
+def test_capability_table() -> None:
+    pascal = capability_for("6.1")
+    assert (pascal.dtype, pascal.attention, pascal.torch_compile, pascal.flash_attention, pascal.bf16) == (
+        "float32",
+        "sdpa",
+        False,
+        False,
+        False,
+    )
+    assert capability_for("8.0").attention == "flash_attention_2" and capability_for("9.0").bf16
+    assert capability_for("7.5").torch_compile and not capability_for("7.5").bf16
+    with pytest.raises(ValueError, match="older than anything verlbox supports"):
+        capability_for("5.2")
+
+
+def test_rollout_backend_needs_vllm_kernels_for_the_gpu() -> None:
+    stock = ["7.0", "7.5", "8.0", "8.6", "8.9", "9.0"]
+    assert rollout_backend("6.1", stock) == "hf"
+    assert rollout_backend("6.1", ["6.0", "6.1"]) == "vllm"
+    assert rollout_backend("8.0", stock) == "vllm" and rollout_backend("8.0", None) == "hf"
+
+
+def test_sm60_code_runs_on_61_but_not_the_other_way() -> None:
+    assert has_code_for("6.1", ["sm_60"]) and not has_code_for("6.0", ["sm_61"])
+    assert not has_code_for("6.1", ["sm_70", "sm_80"]) and has_code_for("8.9", ["compute_80"])
+
+
+def test_a_p40_passes_every_gpu_check() -> None:
+    p40 = facts(P40)
+    checks = [
+        preflight.check_gpu_visible(p40, 1),
+        preflight.check_compute_capability(p40, ["6.1"]),
+        preflight.check_driver(p40, "12.4"),
+        preflight.check_memory(p40, 20),
+    ]
+    assert all(check.ok for check in checks), checks
+
+
+def test_no_gpu_is_one_sentence() -> None:
+    check = preflight.check_gpu_visible(facts(), 1)
+    assert not check.ok and "0 are visible" in check.detail and "--gpus all" in check.detail
+
+
+def test_older_gpu_and_missing_torch_code_fail() -> None:
+    maxwell = facts(GpuDevice("Tesla M40", "5.2", 24, 24))
+    assert "older than anything" in preflight.check_compute_capability(maxwell, ["6.1"]).detail
+    no_code = preflight.check_compute_capability(facts(P40, archs=["sm_75", "sm_80"]), ["6.1"])
+    assert not no_code.ok and "no code for Tesla P40" in no_code.detail
+
+
+def test_newer_gpu_passes_with_a_note() -> None:
+    check = preflight.check_compute_capability(facts(GpuDevice("NVIDIA H200", "9.0", 139, 138)), ["6.1"])
+    assert check.ok and "still runs there" in check.detail
+
+
+def test_driver_too_old_names_the_driver_to_install() -> None:
+    old = preflight.check_driver(facts(P40, driver_cuda="11.4"), "12.4")
+    assert not old.ok and "install driver >= 550.54.14" in old.detail
+    minor = preflight.check_driver(facts(P40, driver_cuda="12.2"), "12.4")
+    assert minor.ok and "minor-version compatibility (>= 525.60.13)" in minor.detail
+    assert not preflight.check_driver(GpuFacts([P40], [], None, None), "11.8").ok
+
+
+def test_memory_respects_the_emulation_cap() -> None:
+    assert preflight.check_memory(facts(P40), 20).ok
+    busy = preflight.check_memory(facts(GpuDevice("Tesla P40", "6.1", 22.4, 9.0)), 20)
+    assert not busy.ok and "9.0 GiB free" in busy.detail
+    capped = GpuFacts([GpuDevice("NVIDIA H200", "9.0", 139, 138)], [], "13.0", None, memory_cap_gib=16)
+    assert not preflight.check_memory(capped, 20).ok
+
+
+def test_model_folder_checks(tmp_path: Path) -> None:
+    assert "no config.json" in preflight.check_model(tmp_path / "nothing").detail
+    (tmp_path / "config.json").write_text("{}")
+    assert "no weights" in preflight.check_model(tmp_path).detail
+
+
+def test_small_shm_fails(tmp_path: Path) -> None:
+    assert preflight.check_shared_memory(minimum_gib=10**6, shm=Path("/dev/shm")).ok is False
+    assert preflight.check_shared_memory(shm=tmp_path / "absent").ok
+
+
+def test_dead_variables_are_named() -> None:
+    notes = preflight.dead_variables({"VLLM_DTYPE": "float32", "PATH": "/bin"})
+    assert notes == ["VLLM_DTYPE is set but vLLM never reads it; the rollout dtype is actor_rollout_ref.rollout.dtype"]

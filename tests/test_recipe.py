@@ -1,0 +1,128 @@
+"""Recipe loading: schema errors name the file and key, extends merges and fails clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, run_verlbox
+from verlbox.errors import RecipeError
+from verlbox.recipe import load_recipe, recipe_names
+
+
+def write(folder: Path, name: str, data: dict) -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def child_of_p40(tmp_path: Path, **changes: object) -> Path:
+    return write(tmp_path, "child", {"extends": str(REPO / "recipes" / "p40.yaml"), **changes})
+
+
+def test_shipped_recipes_load_with_their_pins() -> None:
+    assert recipe_names() == ["p40", "p40-cu124"]
+    p40 = load_recipe("p40")
+    assert p40.base.image == "nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04"
+    assert p40.cudnn is not None and p40.cudnn.apt_version == "8.9.7.29-1+cuda11.8"
+    assert (p40.python.version, p40.torch.version, p40.torch.index_url) == (
+        "3.10",
+        "2.6.0+cu118",
+        "https://download.pytorch.org/whl/cu118",
+    )
+    assert p40.apex is not None and len(p40.apex.commit) == 40
+    assert p40.vllm is not None and p40.vllm.version == "0.8.5.post1"
+    assert p40.verl.version == "0.4.1" and "flash-attn" not in p40.verl.dependencies
+    cu124 = load_recipe("p40-cu124")
+    assert (cu124.base.image, cu124.python.version, cu124.torch.version) == ("debian:bookworm-slim", "3.11", "2.6.0")
+    assert cu124.apex is None and cu124.vllm is None and cu124.cudnn is None
+    assert cu124.base.bootstrap is not None and cu124.base.bootstrap.suite == "bookworm"
+    assert cu124.target_gpus == ["6.1"]
+
+
+def test_extends_shares_the_verl_stack_and_child_keys_win(tmp_path: Path) -> None:
+    child = load_recipe(child_of_p40(tmp_path, description="mine", torch={"version": "2.6.0+cu118"}))
+    parent = load_recipe("p40")
+    assert child.name == "child" and child.description == "mine"
+    assert child.verl == parent.verl  # inherited through two levels
+    # a nested mapping merges key by key: torchvision still comes from the parent
+    assert child.torch.torchvision == parent.torch.torchvision
+    assert child.content_hash != parent.content_hash
+
+
+def test_null_removes_an_inherited_component(tmp_path: Path) -> None:
+    assert load_recipe(child_of_p40(tmp_path, apex=None, vllm=None)).apex is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "key", "expected"),
+    [
+        ({"torch": {"versoin": "2.6.0"}}, "torch.versoin", "unknown key"),
+        ({"target_gpus": "6.1"}, "target_gpus", "list"),
+        ({"python": {"version": 3.10}}, "python.version", "quoted string"),
+        ({"torch": {"version": ">=2.6"}}, "torch.version", "exact version"),
+        ({"vllm": {"version": "latest"}}, "vllm.version", "exact version"),
+        ({"base": {"image": "debian:latest"}}, "base.image", "latest"),
+        ({"apex": {"commit": "main"}}, "apex.commit", "pattern"),
+        ({"verl": {"dependencies": {"ray": "*"}}}, "verl.dependencies.ray", "exact version"),
+    ],
+)
+def test_schema_errors_name_the_file_and_key(tmp_path: Path, changes: dict, key: str, expected: str) -> None:
+    path = child_of_p40(tmp_path, **changes)
+    with pytest.raises(RecipeError) as error:
+        load_recipe(path)
+    assert error.value.key == key
+    assert error.value.path == str(path)
+    assert expected in error.value.problem
+
+
+def test_error_in_an_inherited_key_names_the_file_it_came_from(tmp_path: Path) -> None:
+    parent = write(tmp_path, "parent", {"extends": str(REPO / "recipes" / "p40.yaml"), "cuda": {"provided_by": "x"}})
+    child = write(tmp_path, "child", {"extends": "parent", "description": "fine"})
+    with pytest.raises(RecipeError) as error:
+        load_recipe(child)
+    assert (error.value.path, error.value.key) == (str(parent), "cuda.provided_by")
+
+
+def test_extends_that_does_not_exist(tmp_path: Path) -> None:
+    path = write(tmp_path, "child", {"extends": "no-such-recipe"})
+    with pytest.raises(RecipeError) as error:
+        load_recipe(path)
+    assert (error.value.path, error.value.key) == (str(path), "extends")
+    assert "'no-such-recipe' does not exist" in error.value.problem
+
+
+def test_extends_loop(tmp_path: Path) -> None:
+    write(tmp_path, "a", {"extends": "b"})
+    write(tmp_path, "b", {"extends": "a"})
+    with pytest.raises(RecipeError) as error:
+        load_recipe(tmp_path / "a.yaml")
+    assert error.value.key == "extends"
+    assert "loops" in error.value.problem and "a.yaml -> b.yaml -> a.yaml" in error.value.problem
+
+
+def test_cli_reports_one_clear_error_exit_2_and_writes_nothing(tmp_path: Path) -> None:
+    path = child_of_p40(tmp_path, torch={"version": ">=2.6"})
+    output = tmp_path / "Dockerfile"
+    result = run_verlbox("render", str(path), "-o", str(output))
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith(f"verlbox: error: {path}: torch.version: expected an exact version")
+    assert "Traceback" not in result.stderr
+    assert not output.exists()
+
+
+def test_cli_keeps_an_existing_output_file_on_error(tmp_path: Path) -> None:
+    output = tmp_path / "Dockerfile"
+    output.write_text("the user's own file\n")
+    result = run_verlbox("render", str(write(tmp_path, "bad", {"extends": "bad"})), "-o", str(output))
+    assert result.returncode == 2 and output.read_text() == "the user's own file\n"
+
+
+def test_recipes_table_lists_both(tmp_path: Path) -> None:
+    result = run_verlbox("recipes", env={"COLUMNS": "200"})
+    assert result.returncode == 0
+    lines = [line for line in result.stdout.splitlines() if "p40" in line]
+    assert any("p40-cu124" in line and "2.6.0 " in line and "12.4" in line for line in lines)
+    assert any("2.6.0+cu118" in line and "11.8" in line and "0.4.1" in line for line in lines)
