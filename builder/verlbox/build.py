@@ -19,7 +19,8 @@ from verlbox.errors import BuildError, VerlboxError
 from verlbox.plan import BuildPlan
 
 _STEP_START = re.compile(r"^#(\d+) (\[.+|exporting.+|naming.+|writing.+|unpacking.+)$")
-_MOUNT_FLAGS = re.compile(r"--mount=\S+\s*")
+# what a step line shows: its instruction without mount flags and the CA-trust preamble
+_NOISE = re.compile(r"--mount=\S+\s*|if \[ -s /run/secrets/ca_bundle \]; then .*?; fi\s*(&&\s*)?")
 _STEP_END = re.compile(r"^#(\d+) (DONE [0-9.]+s|CACHED|ERROR.*|CANCELED)$")
 
 
@@ -60,7 +61,7 @@ class _StepReporter:
             self.console.print(line, markup=False, highlight=False, soft_wrap=True)
             return
         if start := _STEP_START.match(line):
-            self.steps.setdefault(start.group(1), StepTiming(_MOUNT_FLAGS.sub("", start.group(2))))
+            self.steps.setdefault(start.group(1), StepTiming(" ".join(_NOISE.sub("", start.group(2)).split())))
         elif (end := _STEP_END.match(line)) and end.group(1) in self.steps:
             step = self.steps[end.group(1)]
             outcome = end.group(2)

@@ -1,0 +1,94 @@
+"""Build figures for docs/benchmarks.md: render time, cold build, image size, warm rebuilds.
+
+  python bench/build_times.py [--recipe p40-cu124] [--skip-cold]
+
+Cold means an empty BuildKit cache (`docker builder prune -af`, which also empties the pip cache
+mount) and no previous image; the debootstrapped base is kept and timed on its own when missing.
+Warm rebuilds append a comment to the patch set or the entrypoint module, rebuild, and restore the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from verlbox.bootstrap import bootstrapped_reference, ensure_bootstrapped_base
+from verlbox.build import BuildResult, build_image
+from verlbox.engine import client
+from verlbox.plan import BuildPlan
+from verlbox.recipe import load_recipe
+from verlbox.render import render_dockerfile
+
+PACKAGE = Path(__file__).resolve().parents[1] / "builder" / "verlbox"
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def render_ms(recipe: str, repeats: int = 50) -> float:
+    started = time.perf_counter()
+    for _ in range(repeats):
+        render_dockerfile(BuildPlan(load_recipe(recipe)))
+    return (time.perf_counter() - started) * 1000 / repeats
+
+
+def build(plan: BuildPlan, tag: str, console: Console) -> BuildResult:
+    return build_image(plan, [tag], ca_bundle=CA_BUNDLE if CA_BUNDLE.is_file() else None, console=console)
+
+
+def report(label: str, result: BuildResult) -> None:
+    ran = sorted((s for s in result.steps if s.seconds), key=lambda s: -(s.seconds or 0))
+    print(f"{label}: {result.seconds:.1f} s")
+    for step in ran[:6]:
+        print(f"    {step.seconds:7.1f} s  {step.name[:100]}")
+
+
+def edited_rebuild(path: Path, plan: BuildPlan, tag: str, console: Console) -> BuildResult:
+    original = path.read_text()
+    try:
+        path.write_text(original + "\n# benchmark edit\n")
+        return build(plan, tag, console)
+    finally:
+        path.write_text(original)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--recipe", default="p40-cu124")
+    parser.add_argument("--skip-cold", action="store_true")
+    args = parser.parse_args()
+    quiet = Console(stderr=True, quiet=True)
+    for name in ("p40", "p40-cu124"):
+        print(f"render {name}: {render_ms(name):.1f} ms (in-process, mean of 50)")
+    recipe = load_recipe(args.recipe)
+    engine = client()
+    assert recipe.base.bootstrap is not None
+    started = time.monotonic()
+    had_base = any(bootstrapped_reference(recipe.base.bootstrap) in i.tags for i in engine.images.list())
+    base = ensure_bootstrapped_base(engine, recipe.base.bootstrap, quiet)
+    if not had_base:
+        print(f"debootstrap + docker import of the base: {time.monotonic() - started:.1f} s")
+    plan = BuildPlan(recipe, base_override=base)
+    tag = f"verlbox-bench/{recipe.name}:bench"
+    if not args.skip_cold:
+        subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True, check=False)
+        subprocess.run(["docker", "builder", "prune", "-af"], capture_output=True, check=True)
+        report("cold build", cold := build(plan, tag, quiet))
+        size = engine.images.get(tag).attrs["Size"] / 1e9
+        print(f"image size: {size:.2f} GB ({engine.images.get(tag).attrs['Size']} bytes)")
+    else:
+        cold = None
+    report("rebuild, nothing changed", build(plan, tag, quiet))
+    for label, path in (
+        ("rebuild after editing the verl patch set", PACKAGE / "patches" / "verl-0.4.1.yaml"),
+        ("rebuild after editing the entrypoint", PACKAGE / "train.py"),
+    ):
+        result = edited_rebuild(path, plan, tag, quiet)
+        share = f" ({100 * result.seconds / cold.seconds:.1f}% of the cold build)" if cold else ""
+        print(f"{label}: {result.seconds:.1f} s{share}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""Integration: build p40-cu124 on the real Docker engine FROM a debootstrapped base, then look inside."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, run_verlbox
+from verlbox.patches import patch_set_for
+from verlbox.recipe import load_recipe
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+IMAGE = "verlbox-test/p40-cu124:ci"
+# These machines re-sign TLS on the way out; the build trusts the host's bundle as a BuildKit secret.
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def ca_arguments() -> list[str]:
+    return ["--ca-bundle", str(HOST_CA_BUNDLE)] if HOST_CA_BUNDLE.is_file() else []
+
+
+def docker(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    if check:
+        assert result.returncode == 0, f"docker {' '.join(args)}: {result.stderr[-3000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def build_output(docker_engine: object) -> subprocess.CompletedProcess[str]:
+    result = run_verlbox("build", "p40-cu124", "--bootstrap-base", "--tag", IMAGE, *ca_arguments(), timeout=3000)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def image(build_output: subprocess.CompletedProcess[str]) -> str:
+    return IMAGE
+
+
+def derived_image(tmp_path: Path, tag: str, dockerfile: str, files: dict[str, Path] | None = None) -> str:
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "Dockerfile").write_text(dockerfile)
+    for name, source in (files or {}).items():
+        (context / name).write_bytes(source.read_bytes())
+    docker("buildx", "build", "--load", "--progress", "plain", "--tag", tag, str(context))
+    return tag
+
+
+def smoke(image: str, json_file: Path) -> tuple[int, dict[str, dict[str, str]]]:
+    result = run_verlbox("smoke", "p40-cu124", "--image", image, "--json", str(json_file), timeout=900)
+    assert json_file.is_file(), result.stderr[-3000:]
+    return result.returncode, {row["name"]: row for row in json.loads(json_file.read_text())}
+
+
+def test_build_streams_its_steps_and_tags_only_the_final_name(build_output, docker_engine) -> None:
+    assert "[final" in build_output.stderr and "RUN pip install --no-deps verl==0.4.1" in build_output.stderr
+    assert f"built {IMAGE}" in build_output.stderr
+    leftovers = docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "verlbox-build/*").stdout.split()
+    assert leftovers == []
+
+
+def test_labels_carry_recipe_hash_pins_and_patch_set(image: str) -> None:
+    labels = json.loads(docker("image", "inspect", "--format", "{{json .Config.Labels}}", image).stdout)
+    recipe = load_recipe("p40-cu124")
+    assert labels["io.verlbox.recipe"] == "p40-cu124"
+    assert labels["io.verlbox.recipe.hash"] == recipe.content_hash
+    assert labels["io.verlbox.verl-patch-set.hash"] == patch_set_for("0.4.1").content_hash
+    assert labels["io.verlbox.version"] == "0.1.0"
+    for component, version in recipe.pins().items():
+        assert labels[f"io.verlbox.pin.{component}"] == version
+
+
+def test_inside_torch_260_verl_041_and_no_flash_attn(image: str) -> None:
+    probe = (
+        "import importlib.util, json, torch, verl; print(json.dumps({'torch': torch.__version__, "
+        "'verl': verl.__version__, 'flash_attn': importlib.util.find_spec('flash_attn') is not None}))"
+    )
+    result = docker("run", "--rm", "--entrypoint", "python", image, "-c", probe)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "torch": "2.6.0+cu124",
+        "verl": "0.4.1",
+        "flash_attn": False,
+    }
+
+
+def _certificates(text: str) -> set[str]:
+    return set(re.findall(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", text, re.S))
+
+
+def test_no_ca_material_in_layers_or_history(image: str) -> None:
+    history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image).stdout
+    assert "BEGIN CERTIFICATE" not in history and str(HOST_CA_BUNDLE) not in history
+    leftovers = docker(
+        "run",
+        "--rm",
+        "--entrypoint",
+        "sh",
+        image,
+        "-c",
+        "ls -A /run/secrets 2>/dev/null; ls /etc/apt/apt.conf.d/99verlbox-ca 2>/dev/null; true",
+    )
+    assert leftovers.stdout.strip() == ""
+    if not HOST_CA_BUNDLE.is_file():
+        return
+    # certificates only this host trusts (a re-signing proxy): the build needed them, the image must not keep them
+    image_bundle = docker("run", "--rm", "--entrypoint", "cat", image, "/etc/ssl/certs/ca-certificates.crt").stdout
+    host_only = _certificates(HOST_CA_BUNDLE.read_text()) - _certificates(image_bundle)
+    for certificate in sorted(host_only)[:3]:
+        marker = certificate.splitlines()[1]
+        found = docker(
+            "run",
+            "--rm",
+            "--entrypoint",
+            "sh",
+            image,
+            "-c",
+            f"grep -rlF '{marker}' /etc /opt /root /tmp /usr/local /workspace 2>/dev/null; true",
+        )
+        assert found.stdout.strip() == "", found.stdout
+
+
+def test_cpu_smoke_tier_passes_and_gpu_tier_is_skipped_with_a_reason(image: str, tmp_path: Path) -> None:
+    code, results = smoke(image, tmp_path / "smoke.json")
+    failed = {name: row["detail"] for name, row in results.items() if row["status"] == "failed"}
+    assert code == 0 and failed == {}
+    cpu = [row for row in results.values() if row["tier"] == "cpu"]
+    assert len(cpu) == 8 and all(row["status"] == "passed" for row in cpu)
+    assert results["GPU tier"] == {
+        "tier": "gpu",
+        "name": "GPU tier",
+        "status": "skipped",
+        "detail": "not requested (--gpu)",
+    }
+    assert "torch loads cuDNN 90100" in results["pins match the recipe"]["detail"]
+
+
+def test_smoke_fails_when_a_patch_is_reverted_in_the_image(image: str, tmp_path: Path) -> None:
+    revert = (
+        "from pathlib import Path; import sysconfig; from verlbox.patches import patch_set_for; "
+        "p = next(x for x in patch_set_for('0.4.1').patches if x.id == 'critic-autocast-follows-param-dtype'); "
+        "f = Path(sysconfig.get_paths()['purelib']) / p.file; f.write_text(f.read_text().replace(p.replace, p.find))"
+    )
+    tampered = derived_image(tmp_path, "verlbox-test/tampered-patch:ci", f'FROM {image}\nRUN python -c "{revert}"\n')
+    try:
+        code, results = smoke(tampered, tmp_path / "smoke.json")
+        assert code == 1
+        check = results["verl patch set applied"]
+        assert check["status"] == "failed"
+        assert (
+            "patch critic-autocast-follows-param-dtype (verl/workers/critic/dp_critic.py) is pending" in check["detail"]
+        )
+        assert results["pins match the recipe"]["status"] == "passed"
+    finally:
+        docker("image", "rm", tampered, check=False)
+
+
+def test_smoke_fails_when_a_pinned_package_is_swapped(image: str, tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "codetiming==1.3.0", "-d", str(wheels)],
+        check=True,
+        capture_output=True,
+    )
+    wheel = next(wheels.glob("codetiming-1.3.0-*.whl"))
+    tampered = derived_image(
+        tmp_path,
+        "verlbox-test/tampered-pin:ci",
+        f"FROM {image}\nCOPY {wheel.name} /tmp/\nRUN pip install --no-cache-dir --no-deps /tmp/{wheel.name}\n",
+        {wheel.name: wheel},
+    )
+    try:
+        code, results = smoke(tampered, tmp_path / "smoke.json")
+        assert code == 1
+        assert results["pins match the recipe"]["status"] == "failed"
+        assert "codetiming 1.3.0 (recipe pins 1.4.0)" in results["pins match the recipe"]["detail"]
+        assert results["verl patch set applied"]["status"] == "passed"
+    finally:
+        docker("image", "rm", tampered, check=False)
+
+
+def test_a_failed_build_keeps_the_previous_image_and_its_tag(image: str, tmp_path: Path) -> None:
+    before = docker("image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(
+        yaml.safe_dump(
+            {
+                "extends": str(REPO / "recipes" / "p40-cu124.yaml"),
+                "verl": {"dependencies": {"verlbox-no-such-package": "1.0.0"}},
+            }
+        )
+    )
+    result = run_verlbox("build", str(broken), "--bootstrap-base", "--tag", image, *ca_arguments(), timeout=1200)
+    assert result.returncode == 1
+    assert "previous images and tags are untouched" in result.stderr and "Full log: " in result.stderr
+    log = Path(result.stderr.split("Full log: ", 1)[1].split()[0])
+    assert log.is_file() and "verlbox-no-such-package" in log.read_text()
+    assert docker("image", "inspect", "--format", "{{.Id}}", image).stdout.strip() == before
+    assert docker("image", "ls", "--format", "{{.Repository}}", "verlbox-build/*").stdout.split() == []
+
+
+def test_train_without_a_gpu_stops_at_preflight_in_one_sentence(image: str) -> None:
+    result = docker("run", "--rm", image, "train", check=False)
+    assert result.returncode == 3
+    assert "preflight GPU visible: training needs 1 GPU(s) but 0 are visible" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_dry_run_prints_the_exact_command(image: str) -> None:
+    result = docker("run", "--rm", image, "train", "--dry-run", "trainer.total_epochs=2")
+    assert "-m verl.trainer.main_ppo" in result.stdout
+    assert "trainer.total_epochs=2" in result.stdout and "trainer.total_epochs=1" not in result.stdout
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in result.stdout
+
+
+def test_files_written_to_a_mounted_folder_belong_to_the_caller(image: str, tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split in ("train", "test"):
+        (raw / f"{split}.jsonl").write_text(json.dumps({"question": "q?", "answer": "#### 1,000"}) + "\n")
+    os.chmod(tmp_path, 0o777)
+    docker(
+        "run",
+        "--rm",
+        "--user",
+        "4321:4321",
+        "-v",
+        f"{tmp_path}:/data",
+        image,
+        "prepare-data",
+        "gsm8k",
+        "--source",
+        "/data/raw",
+        "--out",
+        "/data/gsm8k",
+    )
+    owners = {(p.stat().st_uid, p.stat().st_gid) for p in (tmp_path / "gsm8k").iterdir()}
+    assert owners == {(4321, 4321)}
+    assert sorted(p.name for p in (tmp_path / "gsm8k").iterdir()) == [
+        "test.parquet",
+        "train.parquet",
+        "validation.parquet",
+    ]
