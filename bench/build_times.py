@@ -48,7 +48,7 @@ def report(label: str, result: BuildResult) -> None:
 def edited_rebuild(path: Path, plan: BuildPlan, tag: str, console: Console) -> BuildResult:
     original = path.read_text()
     try:
-        path.write_text(original + "\n# benchmark edit\n")
+        path.write_text(original + f"\n# benchmark edit {time.time_ns()}\n")  # unique: no cache hit
         return build(plan, tag, console)
     finally:
         path.write_text(original)

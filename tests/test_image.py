@@ -93,6 +93,11 @@ def test_inside_torch_260_verl_041_and_no_flash_attn(image: str) -> None:
     }
 
 
+def in_image(image: str, script: str) -> str:
+    """What a shell script prints in a throwaway container (its exit status does not matter)."""
+    return docker("run", "--rm", "--entrypoint", "sh", image, "-c", f"{script}; true").stdout.strip()
+
+
 def _certificates(text: str) -> set[str]:
     return set(re.findall(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", text, re.S))
 
@@ -100,16 +105,8 @@ def _certificates(text: str) -> set[str]:
 def test_no_ca_material_in_layers_or_history(image: str) -> None:
     history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image).stdout
     assert "BEGIN CERTIFICATE" not in history and str(HOST_CA_BUNDLE) not in history
-    leftovers = docker(
-        "run",
-        "--rm",
-        "--entrypoint",
-        "sh",
-        image,
-        "-c",
-        "ls -A /run/secrets 2>/dev/null; ls /etc/apt/apt.conf.d/99verlbox-ca 2>/dev/null; true",
-    )
-    assert leftovers.stdout.strip() == ""
+    leftovers = in_image(image, "ls -A /run/secrets 2>/dev/null; ls /etc/apt/apt.conf.d/99verlbox-ca 2>/dev/null")
+    assert leftovers == ""
     if not HOST_CA_BUNDLE.is_file():
         return
     # certificates only this host trusts (a re-signing proxy): the build needed them, the image must not keep them
@@ -117,16 +114,8 @@ def test_no_ca_material_in_layers_or_history(image: str) -> None:
     host_only = _certificates(HOST_CA_BUNDLE.read_text()) - _certificates(image_bundle)
     for certificate in sorted(host_only)[:3]:
         marker = certificate.splitlines()[1]
-        found = docker(
-            "run",
-            "--rm",
-            "--entrypoint",
-            "sh",
-            image,
-            "-c",
-            f"grep -rlF '{marker}' /etc /opt /root /tmp /usr/local /workspace 2>/dev/null; true",
-        )
-        assert found.stdout.strip() == "", found.stdout
+        found = in_image(image, f"grep -rlF '{marker}' /etc /opt /root /tmp /usr/local /workspace 2>/dev/null")
+        assert found == "", found
 
 
 def test_cpu_smoke_tier_passes_and_gpu_tier_is_skipped_with_a_reason(image: str, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.status import Status
 
 from verlbox.context import write_context
 from verlbox.engine import client, require_cli, retag, untag
@@ -55,13 +56,17 @@ class _StepReporter:
         self.console = console
         self.verbose = verbose
         self.steps: dict[str, StepTiming] = {}
+        # on a terminal, the step now running shows under the finished ones (rich hides it elsewhere)
+        self.status: Status | None = None
 
     def feed(self, line: str) -> None:
         if self.verbose:
             self.console.print(line, markup=False, highlight=False, soft_wrap=True)
             return
         if start := _STEP_START.match(line):
-            self.steps.setdefault(start.group(1), StepTiming(" ".join(_NOISE.sub("", start.group(2)).split())))
+            step = self.steps.setdefault(start.group(1), StepTiming(" ".join(_NOISE.sub("", start.group(2)).split())))
+            if self.status is not None:
+                self.status.update(f"running {step.name[:100]}")
         elif (end := _STEP_END.match(line)) and end.group(1) in self.steps:
             step = self.steps[end.group(1)]
             outcome = end.group(2)
@@ -118,6 +123,7 @@ def build_image(
         try:
             with (
                 log_path.open("w") as log,
+                console.status("starting the build") as reporter.status,
                 subprocess.Popen(
                     command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
                 ) as process,
