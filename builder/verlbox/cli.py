@@ -215,10 +215,9 @@ def cmd_shell(args: argparse.Namespace) -> int:
     # compose.yaml's `train` service is the one definition of GPU, mounts, user and environment
     image = args.image or default_tag(BuildPlan(load_recipe(args.recipe)))
     compose_file = RECIPES_DIR.parent / "compose.yaml"
-    one_command = args.command[1:] if args.command[:1] == ["--"] else args.command
     command = [require_cli(), "compose", "-f", str(compose_file), "run", "--rm"]
-    if one_command:
-        command += ["--entrypoint", one_command[0], "train", *one_command[1:]]
+    if args.one_command:
+        command += ["--entrypoint", args.one_command[0], "train", *args.one_command[1:]]
     else:
         command += ["--entrypoint", "bash", "train"]
     environment = {"VERLBOX_IMAGE": image, "VERLBOX_UID": str(os.getuid()), "VERLBOX_GID": str(os.getgid())}
@@ -292,7 +291,8 @@ def _parser() -> argparse.ArgumentParser:
     shell = command("shell", cmd_shell, "a shell (or one command) in the image, set up as `train` is")
     shell.add_argument("recipe", nargs="?", default="p40")
     shell.add_argument("--image", help="default: verlbox/NAME:VERSION")
-    shell.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS: run one command instead")
+    shell.set_defaults(one_command=[])
+    shell.epilog = "verlbox shell [RECIPE] -- CMD ARGS...  runs one command instead of bash"
 
     patch = command("patch-verl", cmd_patch_verl, "apply verlbox's patch set to a verl tree")
     patch.add_argument("directory", help="the folder that holds the verl/ package (e.g. site-packages)")
@@ -300,7 +300,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    one_command: list[str] = []
+    # argparse would take the command's first word for the optional RECIPE: split at `--` first
+    if words[:1] == ["shell"] and "--" in words:
+        split = words.index("--")
+        words, one_command = words[:split], words[split + 1 :]
+    args = _parser().parse_args(words)
+    if one_command:
+        args.one_command = one_command
     try:
         return args.handler(args)
     except VerlboxError as exc:
