@@ -47,7 +47,7 @@ RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/r
     && if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
     && git init -q . && git remote add origin https://github.com/NVIDIA/apex \
     && git fetch -q --depth 1 origin e13873debc4699d39c6861074b9a3b2a02327f92 && git checkout -q FETCH_HEAD \
-    && pip install packaging==25.0 \
+    && pip install packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4 \
     && pip wheel -v --no-build-isolation --no-deps -w /wheels \
        --config-settings "--build-option=--cpp_ext" --config-settings "--build-option=--cuda_ext" .
 

@@ -124,6 +124,8 @@ def check_pins(ctx: SmokeContext) -> str:
     if wrong:
         raise AssertionError("; ".join(wrong))
     loads = f"torch loads cuDNN {torch.backends.cudnn.version()}"
+    if "cudnn" in pins:
+        loads = f"system cuDNN {installed['cudnn']} (what Apex builds against); " + loads
     try:
         loads += ", NCCL " + ".".join(map(str, torch.cuda.nccl.version()))
     except (AttributeError, RuntimeError):
