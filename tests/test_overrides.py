@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_verlbox
-from verlbox.overrides import OverrideError, check_overrides
+from verlbox.overrides import OverrideError, check_overrides, override_value
 from verlbox.patches import patch_set_for
 from verlbox.profile import TrainingPlan
 from verlbox.recipe import load_recipe
@@ -47,10 +47,10 @@ def test_the_p40_profile_composes_with_verls_config(p40_plan: TrainingPlan, verl
 
 def test_profile_values_come_from_the_capability_table_and_environment() -> None:
     plan = TrainingPlan(load_recipe("p40-cu124"), environ={"VERLBOX_MODEL_DIR": "/m/qwen", "VERLBOX_DATA_DIR": "/d"})
-    assert plan.override_value("actor_rollout_ref.model.path") == "/m/qwen"
-    assert plan.override_value("data.train_files") == "/d/train.parquet"
-    assert plan.override_value("actor_rollout_ref.rollout.name") == "hf"
-    assert plan.override_value("actor_rollout_ref.actor.use_torch_compile") == "False"
+    assert override_value(plan.overrides, "actor_rollout_ref.model.path") == "/m/qwen"
+    assert override_value(plan.overrides, "data.train_files") == "/d/train.parquet"
+    assert override_value(plan.overrides, "actor_rollout_ref.rollout.name") == "hf"
+    assert override_value(plan.overrides, "actor_rollout_ref.actor.use_torch_compile") == "False"
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,12 @@ class Override:
         return cls(raw, name[: len(name) - len(key)], key, value)
 
 
+def override_value(overrides: list[str], key: str) -> str | None:
+    """The value a list of overrides gives `key`, with or without a `+` (the last one wins, as in Hydra)."""
+    values = [override.value for override in map(Override.parse, overrides) if override.key == key]
+    return values[-1] if values else None
+
+
 def installed_verl_config_dir() -> Path | None:
     """verl's trainer/config folder, found without importing verl (which would import torch)."""
     spec = importlib.util.find_spec("verl")

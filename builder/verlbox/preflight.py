@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import Version
@@ -38,7 +38,6 @@ class GpuFacts:
     driver_cuda: str | None  # CUDA version the driver supports, e.g. "12.4"
     driver_version: str | None  # NVIDIA driver, e.g. "550.54.14"
     memory_cap_gib: float | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def probe_gpu() -> GpuFacts:

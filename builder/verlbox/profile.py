@@ -82,13 +82,6 @@ class TrainingPlan:
     def overrides(self) -> list[str]:
         return [line.format_map(self.values) for line in self.profile.overrides]
 
-    def override_value(self, key: str) -> str | None:
-        for line in self.overrides:
-            name, _, value = line.partition("=")
-            if name.lstrip("+") == key:
-                return value
-        return None
-
     @property
     def environment(self) -> dict[str, str]:
         return dict(self.profile.environment)

@@ -80,10 +80,11 @@ class SmokeContext:
         prepare_gsm8k(raw, self.workdir / "gsm8k")
         return self.workdir / "gsm8k"
 
-    def composed(self, extra: list[str] | None = None) -> object:
+    def composed(self) -> object:
+        """The profile's config with the tiny model in place of the real one."""
         overrides = merge_overrides(
             self.plan.overrides,
-            [f"actor_rollout_ref.model.path={self.model_dir}", f"critic.model.path={self.model_dir}", *(extra or [])],
+            [f"actor_rollout_ref.model.path={self.model_dir}", f"critic.model.path={self.model_dir}"],
         )
         config_dir = installed_verl_config_dir()
         assert config_dir is not None

@@ -16,7 +16,7 @@ from verlbox import preflight
 from verlbox.data import prepare_gsm8k
 from verlbox.errors import VerlboxError
 from verlbox.memory_cap import SITECUSTOMIZE_DIR
-from verlbox.overrides import Override, check_overrides, installed_verl_config_dir
+from verlbox.overrides import Override, check_overrides, installed_verl_config_dir, override_value
 from verlbox.patches import patch_set_for
 from verlbox.profile import TrainingPlan
 from verlbox.recipe import Recipe, load_recipe
@@ -84,12 +84,8 @@ def train_command(overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
 
 
-def _value(overrides: list[str], key: str) -> str | None:
-    return next((o.value for o in map(Override.parse, overrides) if o.key == key), None)
-
-
 def ensure_data(overrides: list[str], environ: dict[str, str], console: Console) -> preflight.Check:
-    files = [Path(v) for key in ("data.train_files", "data.val_files") if (v := _value(overrides, key))]
+    files = [Path(v) for key in ("data.train_files", "data.val_files") if (v := override_value(overrides, key))]
     if all(path.is_file() for path in files):
         return preflight.Check("data", True, ", ".join(map(str, files)))
     raw = Path(environ.get("VERLBOX_GSM8K_SOURCE", DEFAULT_RAW_GSM8K))
@@ -114,14 +110,14 @@ def ensure_data(overrides: list[str], environ: dict[str, str], console: Console)
 def run_preflight(
     plan: TrainingPlan, overrides: list[str], environ: dict[str, str], facts: preflight.GpuFacts, console: Console
 ) -> list[preflight.Check]:
-    gpus = int(_value(overrides, "trainer.n_gpus_per_node") or 1)
+    gpus = int(override_value(overrides, "trainer.n_gpus_per_node") or 1)
     checks = [
         preflight.check_gpu_visible(facts, gpus),
         preflight.check_compute_capability(facts, plan.recipe.target_gpus),
         preflight.check_driver(facts, plan.recipe.cuda.version),
         preflight.check_memory(facts, plan.profile.min_gpu_memory_gib),
         preflight.check_shared_memory(),
-        preflight.check_model(Path(_value(overrides, "actor_rollout_ref.model.path") or "")),
+        preflight.check_model(Path(override_value(overrides, "actor_rollout_ref.model.path") or "")),
         ensure_data(overrides, environ, console),
     ]
     if not checks[0].ok:  # without a GPU the GPU checks below it only repeat the same news
