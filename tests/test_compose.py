@@ -43,7 +43,7 @@ def test_train_service_reserves_the_gpu_and_runs_as_the_user(tmp_path: Path, com
         {"capabilities": ["gpu"], "driver": "nvidia", "count": 1}
     ]
     assert int(train["shm_size"]) >= 8 * 2**30
-    assert train["restart"] == "on-failure"
+    assert train["restart"] == "on-failure:3"
     mounts = {volume["target"]: volume for volume in train["volumes"]}
     assert set(mounts) == {"/models", "/data", "/checkpoints", "/cache/huggingface"}
     assert mounts["/models"]["read_only"] is True
