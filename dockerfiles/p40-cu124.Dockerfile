@@ -17,20 +17,23 @@ RUN --mount=type=secret,id=ca_bundle,required=false \
     && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv python3-dev \
     && rm -rf /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca \
     && python3 -c 'import sys; v = "%d.%d" % sys.version_info[:2]; assert v == "3.11", "base image has Python " + v + ", recipe wants 3.11"'
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
+    && export PIP_CONSTRAINT=/etc/verlbox/constraints.txt \
     && python3 -m venv /opt/venv \
     && pip install pip==25.1.1
 # PyTorch 2.6.0: the largest layer, kept early so that it is rebuilt rarely
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
+    && export PIP_CONSTRAINT=/etc/verlbox/constraints.txt \
     && pip install \
        torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
 
 FROM system AS final
 # verl 0.4.1's dependencies, each pinned (verl itself goes in with --no-deps)
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
+    && export PIP_CONSTRAINT=/etc/verlbox/constraints.txt \
     && pip install \
        accelerate==1.7.0 \
        codetiming==1.4.0 \
@@ -50,13 +53,15 @@ RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/r
        transformers==4.51.3 \
        wandb==0.20.1 \
        torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
+    && export PIP_CONSTRAINT=/etc/verlbox/constraints.txt \
     && pip install --no-deps verl==0.4.1
 # the verlbox runtime: entrypoint, smoke checks and the verl patch set (changes most often: last)
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
-    && pip install pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0 Jinja2==3.1.6 packaging==25.0
+    && export PIP_CONSTRAINT=/etc/verlbox/constraints.txt \
+    && pip install pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0 Jinja2==3.1.6
 COPY recipe.json /opt/verlbox/recipe.json
 RUN --mount=type=bind,source=verlbox-src,target=/tmp/verlbox-src,rw \
     pip install --no-cache-dir --no-deps --no-build-isolation /tmp/verlbox-src \
@@ -75,6 +80,7 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       io.verlbox.recipe.hash="eebc0b5e3bb7679f80c83d67569f9cccc3438f58849f760f51d354c6585b11fb" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="059ba77f125bf0e147e0719f9b4af46f026155261250516628fbac7eddd59640" \
+      io.verlbox.lock.hash="93878b968c08506bb16bab071707c60732832cb591c70dd1dd2d939936d584bd" \
       io.verlbox.pin.python="3.11" \
       io.verlbox.pin.cuda="12.4" \
       io.verlbox.pin.torch="2.6.0" \

@@ -87,7 +87,7 @@ RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/r
 # the verlbox runtime: entrypoint, smoke checks and the verl patch set (changes most often: last)
 RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
-    && pip install pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0 Jinja2==3.1.6 packaging==25.0
+    && pip install pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0 Jinja2==3.1.6
 COPY recipe.json /opt/verlbox/recipe.json
 RUN --mount=type=bind,source=verlbox-src,target=/tmp/verlbox-src,rw \
     pip install --no-cache-dir --no-deps --no-build-isolation /tmp/verlbox-src \

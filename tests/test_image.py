@@ -102,6 +102,22 @@ def _certificates(text: str) -> set[str]:
     return set(re.findall(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", text, re.S))
 
 
+def lock_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def test_the_image_holds_exactly_the_locked_packages(image: str, tmp_path: Path) -> None:
+    frozen = docker("run", "--rm", "--entrypoint", "pip", image, "freeze", "--exclude-editable").stdout
+    locked = lock_lines((REPO / "recipes" / "p40-cu124.lock.txt").read_text())
+    assert [line for line in frozen.splitlines() if not line.startswith("verlbox ")] == locked
+    # `verlbox lock` writes the same list beside a recipe (a copy here, so the repo is never rewritten)
+    for name in ("p40-cu124.yaml", "_verl-0.4.1.yaml"):
+        (tmp_path / name).write_text((REPO / "recipes" / name).read_text())
+    result = run_verlbox("lock", str(tmp_path / "p40-cu124.yaml"), "--image", image)
+    assert result.returncode == 0, result.stderr
+    assert lock_lines((tmp_path / "p40-cu124.lock.txt").read_text()) == locked
+
+
 def test_no_ca_material_in_layers_or_history(image: str) -> None:
     history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image).stdout
     assert "BEGIN CERTIFICATE" not in history and str(HOST_CA_BUNDLE) not in history
@@ -123,7 +139,7 @@ def test_cpu_smoke_tier_passes_and_gpu_tier_is_skipped_with_a_reason(image: str,
     failed = {name: row["detail"] for name, row in results.items() if row["status"] == "failed"}
     assert code == 0 and failed == {}
     cpu = [row for row in results.values() if row["tier"] == "cpu"]
-    assert len(cpu) == 8 and all(row["status"] == "passed" for row in cpu)
+    assert len(cpu) == 9 and all(row["status"] == "passed" for row in cpu)
     assert results["GPU tier"] == {
         "tier": "gpu",
         "name": "GPU tier",

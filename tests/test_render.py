@@ -74,6 +74,16 @@ def test_cu124_has_no_toolkit_apex_or_vllm_and_labels_last() -> None:
         assert label in labels
 
 
+def test_a_lock_file_constrains_every_pip_install() -> None:
+    locked = (GOLDEN / "p40-cu124.Dockerfile").read_text()
+    pip_runs = locked.count("pip install")
+    assert locked.count("export PIP_CONSTRAINT=/etc/verlbox/constraints.txt") == pip_runs - 1  # not the source
+    assert locked.count("source=constraints.txt,target=/etc/verlbox/constraints.txt") == pip_runs - 1
+    assert "io.verlbox.lock.hash=" in locked
+    unlocked = (GOLDEN / "p40.Dockerfile").read_text()  # no p40.lock.txt: no image of it was built yet
+    assert "constraints" not in unlocked and "io.verlbox.lock.hash" not in unlocked
+
+
 def test_base_image_override_replaces_only_the_first_from() -> None:
     text = render_dockerfile(BuildPlan(load_recipe("p40"), base_override="mirror.local/cuda:11.8"))
     assert text.count("FROM mirror.local/cuda:11.8 AS system") == 1 and "nvidia/cuda" not in text.split("\n", 4)[4]

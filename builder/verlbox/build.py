@@ -21,7 +21,9 @@ from verlbox.plan import BuildPlan
 
 _STEP_START = re.compile(r"^#(\d+) (\[.+|exporting.+|naming.+|writing.+|unpacking.+)$")
 # what a step line shows: its instruction without mount flags and the CA-trust preamble
-_NOISE = re.compile(r"--mount=\S+\s*|if \[ -s /run/secrets/ca_bundle \]; then .*?; fi\s*(&&\s*)?")
+_NOISE = re.compile(
+    r"--mount=\S+\s*|if \[ -s /run/secrets/ca_bundle \]; then .*?; fi\s*(&&\s*)?|export PIP_CONSTRAINT=\S+\s*(&&\s*)?"
+)
 _STEP_END = re.compile(r"^#(\d+) (DONE [0-9.]+s|CACHED|ERROR.*|CANCELED)$")
 
 
@@ -73,7 +75,11 @@ class _StepReporter:
             step.cached = outcome == "CACHED"
             if outcome.startswith("DONE"):
                 step.seconds = float(outcome.split()[1].rstrip("s"))
-            shown = "cached" if step.cached else outcome.lower()
+            shown = (
+                "cached"
+                if step.cached
+                else outcome.split()[0].lower() + (f" {outcome.split()[1]}" if outcome.startswith("DONE") else "")
+            )
             self.console.print(f"  {shown:>12}  {step.name[:110]}", markup=False, highlight=False)
 
 

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from verlbox.errors import VerlboxError
 from verlbox.plan import BuildPlan
-from verlbox.recipe import RECIPES_DIR, load_recipe, recipe_names
+from verlbox.recipe import RECIPES_DIR, load_recipe, recipe_names, resolve_recipe_path
 from verlbox.render import render_dockerfile
 
 DOCKERFILES_DIR = RECIPES_DIR.parent / "dockerfiles"
@@ -208,6 +208,34 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     return 1 if any(r.status == "failed" for r in results) else 0
 
 
+def cmd_lock(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from verlbox.build import default_tag
+    from verlbox.engine import require_cli
+
+    recipe = load_recipe(args.recipe)
+    image = args.image or default_tag(BuildPlan(recipe))
+    run = subprocess.run(
+        [require_cli(), "run", "--rm", "--entrypoint", "pip", image, "freeze", "--exclude-editable"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if run.returncode != 0:
+        raise VerlboxError(f"pip freeze in {image} failed: {run.stderr.strip()[-1000:]}")
+    # verlbox itself is installed from the build context on every build: never a constraint
+    frozen = [line for line in run.stdout.splitlines() if line and not line.startswith("verlbox ")]
+    target = resolve_recipe_path(args.recipe).with_name(f"{recipe.name}.lock.txt")
+    header = (
+        f"# pip freeze of {image} (recipe {recipe.name}, hash {recipe.content_hash[:12]}), written by\n"
+        f"# `verlbox lock {recipe.name}`. Builds install with these as pip constraints.\n"
+    )
+    _write_atomically(target, header + "\n".join(frozen) + "\n")
+    err.print(f"wrote {target} ({len(frozen)} packages)")
+    return 0
+
+
 def cmd_shell(args: argparse.Namespace) -> int:
     from verlbox.build import default_tag
     from verlbox.engine import require_cli
@@ -287,6 +315,10 @@ def _parser() -> argparse.ArgumentParser:
     checks.add_argument("--recipe", help="default: the recipe the image was built from")
     checks.add_argument("--gpu", action="store_true")
     checks.add_argument("--json", help="write results as JSON to FILE, or to stdout with -")
+
+    lock = command("lock", cmd_lock, "record a built image's exact packages as NAME.lock.txt beside its recipe")
+    lock.add_argument("recipe")
+    lock.add_argument("--image", help="default: verlbox/NAME:VERSION")
 
     shell = command("shell", cmd_shell, "a shell (or one command) in the image, set up as `train` is")
     shell.add_argument("recipe", nargs="?", default="p40")

@@ -21,6 +21,8 @@ def write_context(plan: BuildPlan, directory: Path) -> Path:
             "install it with `pip install -e .` from a checkout"
         )
     (directory / "Dockerfile").write_text(render_dockerfile(plan))
+    if plan.lock_text:
+        (directory / "constraints.txt").write_text(plan.lock_text)
     recipe = {"recipe": plan.recipe.model_dump(mode="json"), "labels": plan.labels}
     (directory / "recipe.json").write_text(json.dumps(recipe, indent=2, sort_keys=True) + "\n")
     source = directory / "verlbox-src"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -11,8 +12,10 @@ from verlbox.blocks import Block
 from verlbox.patches import patch_set_for
 from verlbox.recipe import Recipe
 
-# Pinned here, not in recipes: the verlbox runtime's own needs inside every image.
-RUNTIME_REQUIREMENTS = ("pydantic==2.11.7", "PyYAML==6.0.2", "rich==14.0.0", "Jinja2==3.1.6", "packaging==25.0")
+# Pinned here, not in recipes: the verlbox runtime's own needs inside every image. `packaging` is not
+# among them: the verl stack already brings the version its own packages need (virtualenv, via ray,
+# wants a newer one than a pin here would keep up with).
+RUNTIME_REQUIREMENTS = ("pydantic==2.11.7", "PyYAML==6.0.2", "rich==14.0.0", "Jinja2==3.1.6")
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,11 @@ class BuildPlan:
         return [block for block in self.blocks if block.has("builder")]
 
     @cached_property
+    def lock_text(self) -> str | None:
+        lock = self.recipe.lock_file
+        return lock.read_text() if lock else None
+
+    @cached_property
     def patch_set_hash(self) -> str:
         return patch_set_for(self.recipe.verl.version).content_hash
 
@@ -76,6 +84,8 @@ class BuildPlan:
             "io.verlbox.target-gpus": ",".join(self.recipe.target_gpus),
             "io.verlbox.verl-patch-set.hash": self.patch_set_hash,
         }
+        if self.lock_text:
+            labels["io.verlbox.lock.hash"] = hashlib.sha256(self.lock_text.encode()).hexdigest()
         for component, version in self.recipe.pins().items():
             labels[f"io.verlbox.pin.{component}"] = version
         return labels

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from packaging.version import InvalidVersion, Version
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
 
 from verlbox.errors import RecipeError
 
@@ -146,6 +146,15 @@ class Recipe(_Strict):
     vllm: Vllm | None = None
     verl: Verl
     profile: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
+    _source: Path | None = PrivateAttr(default=None)
+
+    @property
+    def lock_file(self) -> Path | None:
+        """NAME.lock.txt beside the recipe file: `pip freeze` of its last good image (`verlbox lock`)."""
+        if self._source is None:
+            return None
+        lock = self._source.with_name(f"{self._source.stem}.lock.txt")
+        return lock if lock.is_file() else None
 
     @cached_property
     def content_hash(self) -> str:
@@ -262,7 +271,7 @@ def load_recipe(reference: str | Path) -> Recipe:
     data = _load_merged(path, (), origins)
     data.setdefault("name", path.stem)
     try:
-        return Recipe.model_validate(data)
+        recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
@@ -272,3 +281,5 @@ def load_recipe(reference: str | Path) -> Recipe:
         if len(problems) > 1:
             first.args = ("\n".join(str(p) for p in problems),)
         raise first from None
+    recipe._source = path
+    return recipe

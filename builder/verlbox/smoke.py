@@ -134,6 +134,13 @@ def check_pins(ctx: SmokeContext) -> str:
     return f"{len(pins)} pins match; {loads}"
 
 
+def check_dependencies(ctx: SmokeContext) -> str:
+    result = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise AssertionError(result.stdout.strip().replace("\n", "; "))
+    return "pip check: no broken requirements"
+
+
 def check_patches(ctx: SmokeContext) -> str:
     statuses = verify(ctx.site_packages, patch_set_for(ctx.recipe.verl.version))
     bad = [s for s in statuses if s.state is not PatchState.APPLIED]
@@ -361,6 +368,7 @@ def check_ppo_two_steps(ctx: SmokeContext) -> str:
 
 CPU_CHECKS: list[tuple[str, Callable[[SmokeContext], str]]] = [
     ("pins match the recipe", check_pins),
+    ("dependencies consistent", check_dependencies),
     ("verl patch set applied", check_patches),
     ("no flash_attn", check_no_flash_attn),
     ("torch arch list covers targets", check_arch_list),
