@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from verlbox.errors import VerlboxError
+from verlbox.files import write_atomically
 from verlbox.plan import BuildPlan
 from verlbox.recipe import RECIPES_DIR, load_recipe, recipe_names, resolve_recipe_path
 from verlbox.render import render_dockerfile
@@ -21,14 +21,6 @@ DOCKERFILES_DIR = RECIPES_DIR.parent / "dockerfiles"
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(temporary, path)
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
@@ -60,7 +52,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             if target.is_file() and target.read_text() == text:
                 continue
             if args.sync:
-                _write_atomically(target, text)
+                write_atomically(target, text)
                 err.print(f"wrote {target}")
             else:
                 stale.append(target)
@@ -71,7 +63,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         raise VerlboxError("render needs a RECIPE (or --check / --sync)")
     text = render_dockerfile(BuildPlan(load_recipe(args.recipe), base_override=args.base_image))
     if args.output:
-        _write_atomically(Path(args.output), text)
+        write_atomically(Path(args.output), text)
     else:
         sys.stdout.write(text)
     return 0
@@ -177,20 +169,26 @@ def cmd_smoke_checks(args: argparse.Namespace) -> int:
     else:
         results = run_smoke(recipe, gpu=args.gpu)
         if args.json:
-            _write_atomically(Path(args.json), results_json(results) + "\n")
+            write_atomically(Path(args.json), results_json(results) + "\n")
         _print_results(results)
     return 1 if any(r.status == "failed" for r in results) else 0
+
+
+def _image(args: argparse.Namespace) -> str:
+    """--image, else the tag `verlbox build` gives the recipe's image."""
+    from verlbox.build import default_tag
+
+    return args.image or default_tag(BuildPlan(load_recipe(args.recipe)))
 
 
 def cmd_smoke(args: argparse.Namespace) -> int:
     import json
     import subprocess
 
-    from verlbox.build import default_tag
     from verlbox.engine import require_cli
     from verlbox.smoke import CheckResult
 
-    image = args.image or default_tag(BuildPlan(load_recipe(args.recipe)))
+    image = _image(args)
     command = [require_cli(), "run", "--rm", "--shm-size", "2g"]
     command += ["--gpus", "all"] if args.gpu else []
     command += [image, "smoke-checks", "--json", "-"] + (["--gpu"] if args.gpu else [])
@@ -203,7 +201,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
             f"the smoke checks in {image} did not report (exit {run.returncode}): {run.stderr.strip()[-2000:]}"
         ) from None
     if args.json:
-        _write_atomically(Path(args.json), run.stdout)
+        write_atomically(Path(args.json), run.stdout)
     _print_results(results)
     return 1 if any(r.status == "failed" for r in results) else 0
 
@@ -211,11 +209,10 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 def cmd_lock(args: argparse.Namespace) -> int:
     import subprocess
 
-    from verlbox.build import default_tag
     from verlbox.engine import require_cli
 
     recipe = load_recipe(args.recipe)
-    image = args.image or default_tag(BuildPlan(recipe))
+    image = _image(args)
     run = subprocess.run(
         [require_cli(), "run", "--rm", "--entrypoint", "pip", image, "freeze", "--exclude-editable"],
         capture_output=True,
@@ -231,17 +228,16 @@ def cmd_lock(args: argparse.Namespace) -> int:
         f"# pip freeze of {image} (recipe {recipe.name}, hash {recipe.content_hash[:12]}), written by\n"
         f"# `verlbox lock {recipe.name}`. Builds install with these as pip constraints.\n"
     )
-    _write_atomically(target, header + "\n".join(frozen) + "\n")
+    write_atomically(target, header + "\n".join(frozen) + "\n")
     err.print(f"wrote {target} ({len(frozen)} packages)")
     return 0
 
 
 def cmd_shell(args: argparse.Namespace) -> int:
-    from verlbox.build import default_tag
     from verlbox.engine import require_cli
 
     # compose.yaml's `train` service is the one definition of GPU, mounts, user and environment
-    image = args.image or default_tag(BuildPlan(load_recipe(args.recipe)))
+    image = _image(args)
     compose_file = RECIPES_DIR.parent / "compose.yaml"
     command = [require_cli(), "compose", "-f", str(compose_file), "run", "--rm"]
     if args.one_command:

@@ -7,8 +7,6 @@ exactly the way the build that applied it did.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
@@ -19,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from verlbox.errors import VerlboxError
+from verlbox.files import write_atomically
 
 
 class Patch(BaseModel):
@@ -132,7 +131,7 @@ def apply(site_dir: Path) -> tuple[PatchSet, list[PatchStatus]]:
             text = new_texts.get(file, _read(site_dir, file))
             new_texts[file] = text.replace(status.patch.find, status.patch.replace)
     for file, text in new_texts.items():
-        _write_atomically(site_dir / file, text)
+        _write_patched(site_dir / file, text)
     return patch_set, statuses
 
 
@@ -150,16 +149,8 @@ def _read(site_dir: Path, file: str) -> str:
     return path.read_text()
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.chmod(temporary, path.stat().st_mode)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+def _write_patched(path: Path, text: str) -> None:
+    write_atomically(path, text, mode=path.stat().st_mode)
     # a stale bytecode cache must not keep running the unpatched code
     for cached in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
         cached.unlink()
