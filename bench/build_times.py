@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-
 from verlbox.bootstrap import bootstrapped_reference, ensure_bootstrapped_base
 from verlbox.build import BuildResult, build_image
 from verlbox.engine import client

@@ -11,30 +11,22 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
-RUN --mount=type=secret,id=ca_bundle,required=false \
-    if [ -s /run/secrets/ca_bundle ]; then echo 'Acquire::https::CAInfo "/run/secrets/ca_bundle";' > /etc/apt/apt.conf.d/99verlbox-ca; fi \
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false \
+    . /tmp/verlbox/build-env.sh && verlbox_apt_trust_ca \
     && apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv python3-dev \
     && rm -rf /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca \
-    && python3 -c 'import sys; v = "%d.%d" % sys.version_info[:2]; assert v == "3.11", "base image has Python " + v + ", recipe wants 3.11"'
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
-    && export PIP_CONSTRAINT=/etc/verlbox/constraints.txt \
-    && python3 -m venv /opt/venv \
-    && pip install pip==25.1.1
-# PyTorch 2.6.0: the largest layer, kept early so that it is rebuilt rarely
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
-    && export PIP_CONSTRAINT=/etc/verlbox/constraints.txt \
-    && pip install \
-       torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
+    && python3 -c 'import sys; assert "%d.%d" % sys.version_info[:2] == sys.argv[1], "base image has Python %d.%d" % sys.version_info[:2]' 3.11
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && python3 -m venv /opt/venv && pip install pip==25.1.1
+# PyTorch 2.6.0: the largest layer, kept early
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && pip install torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
 
 FROM system AS final
 # verl 0.4.1's dependencies, each pinned (verl itself goes in with --no-deps)
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
-    && export PIP_CONSTRAINT=/etc/verlbox/constraints.txt \
-    && pip install \
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && pip install \
        accelerate==1.7.0 \
        codetiming==1.4.0 \
        datasets==3.6.0 \
@@ -46,28 +38,24 @@ RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/r
        pyarrow==20.0.0 \
        pybind11==2.13.6 \
        pylatexenc==2.10 \
-       ray[default]==2.47.1 \
+       'ray[default]==2.47.1' \
        setuptools==80.9.0 \
        tensordict==0.6.2 \
        torchdata==0.11.0 \
        transformers==4.51.3 \
        wandb==0.20.1 \
        torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
-    && export PIP_CONSTRAINT=/etc/verlbox/constraints.txt \
-    && pip install --no-deps verl==0.4.1
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && pip install --no-deps verl==0.4.1
 # the verlbox runtime: entrypoint, smoke checks and the verl patch set (changes most often: last)
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
-    && export PIP_CONSTRAINT=/etc/verlbox/constraints.txt \
-    && pip install pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0 Jinja2==3.1.6
-COPY recipe.json /opt/verlbox/recipe.json
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && pip install pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0
+COPY image-spec.json /opt/verlbox/image-spec.json
 RUN --mount=type=bind,source=verlbox-src,target=/tmp/verlbox-src,rw \
     pip install --no-cache-dir --no-deps --no-build-isolation /tmp/verlbox-src \
     && verlbox patch-verl "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
     && mkdir -p /workspace && chmod 1777 /workspace
-ENV VERLBOX_RECIPE_FILE=/opt/verlbox/recipe.json \
+ENV VERLBOX_IMAGE_SPEC=/opt/verlbox/image-spec.json \
     HF_HUB_OFFLINE=1 \
     HF_DATASETS_OFFLINE=1
 WORKDIR /workspace
@@ -77,12 +65,12 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       org.opencontainers.image.description="P40 with a driver >= 550, PyPI and Debian only (torch cu124 wheels carry sm_60 code)" \
       io.verlbox.version="0.1.0" \
       io.verlbox.recipe="p40-cu124" \
-      io.verlbox.recipe.hash="eebc0b5e3bb7679f80c83d67569f9cccc3438f58849f760f51d354c6585b11fb" \
+      io.verlbox.recipe.hash="05c5c11806f1aa3505a7b946bf51f897140c702c3a992ddaaa4b761a01637d7c" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="059ba77f125bf0e147e0719f9b4af46f026155261250516628fbac7eddd59640" \
       io.verlbox.lock.hash="93878b968c08506bb16bab071707c60732832cb591c70dd1dd2d939936d584bd" \
-      io.verlbox.pin.python="3.11" \
       io.verlbox.pin.cuda="12.4" \
+      io.verlbox.pin.python="3.11" \
       io.verlbox.pin.torch="2.6.0" \
       io.verlbox.pin.torchvision="0.21.0" \
       io.verlbox.pin.torchaudio="2.6.0" \
@@ -103,4 +91,7 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       io.verlbox.pin.tensordict="0.6.2" \
       io.verlbox.pin.transformers="4.51.3" \
       io.verlbox.pin.wandb="0.20.1" \
-      io.verlbox.pin.setuptools="80.9.0"
+      io.verlbox.pin.setuptools="80.9.0" \
+      io.verlbox.pin.pydantic="2.11.7" \
+      io.verlbox.pin.pyyaml="6.0.2" \
+      io.verlbox.pin.rich="14.0.0"

@@ -11,41 +11,39 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
-RUN --mount=type=secret,id=ca_bundle,required=false \
-    if [ -s /run/secrets/ca_bundle ]; then echo 'Acquire::https::CAInfo "/run/secrets/ca_bundle";' > /etc/apt/apt.conf.d/99verlbox-ca; fi \
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=torch_index_url,required=false \
+    . /tmp/verlbox/build-env.sh && verlbox_apt_trust_ca \
     && apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv python3-dev \
     && rm -rf /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca \
-    && python3 -c 'import sys; v = "%d.%d" % sys.version_info[:2]; assert v == "3.10", "base image has Python " + v + ", recipe wants 3.10"'
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
-    && python3 -m venv /opt/venv \
-    && pip install pip==25.1.1
+    && python3 -c 'import sys; assert "%d.%d" % sys.version_info[:2] == sys.argv[1], "base image has Python %d.%d" % sys.version_info[:2]' 3.10
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && python3 -m venv /opt/venv && pip install pip==25.1.1
 # cuDNN 8.9.7.29 from NVIDIA's CUDA apt repository: the base holds an older one
-RUN --mount=type=secret,id=ca_bundle,required=false \
-    if [ -s /run/secrets/ca_bundle ]; then echo 'Acquire::https::CAInfo "/run/secrets/ca_bundle";' > /etc/apt/apt.conf.d/99verlbox-ca; fi \
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=torch_index_url,required=false \
+    . /tmp/verlbox/build-env.sh && verlbox_apt_trust_ca \
     && apt-get update \
-    && apt-get install -y --no-install-recommends --allow-change-held-packages --allow-downgrades \
-       libcudnn8=8.9.7.29-1+cuda11.8 libcudnn8-dev=8.9.7.29-1+cuda11.8 \
-    && apt-mark hold libcudnn8 libcudnn8-dev \
-    && rm -rf /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca
-# PyTorch 2.6.0+cu118: the largest layer, kept early so that it is rebuilt rarely
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
-    && pip install --index-url https://download.pytorch.org/whl/cu118 \
-       torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
+    && apt-get install -y --no-install-recommends --allow-change-held-packages --allow-downgrades libcudnn8=8.9.7.29-1+cuda11.8 libcudnn8-dev=8.9.7.29-1+cuda11.8 \
+    && rm -rf /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca \
+    && apt-mark hold libcudnn8 libcudnn8-dev
+# PyTorch 2.6.0+cu118 from the pytorch-cu118 wheel index: the largest layer, kept early
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && pip install --index-url "$VERLBOX_TORCH_INDEX_URL" torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
 
 FROM system AS apex-build
 # NVIDIA Apex at a pinned commit, compiled into a wheel here; only the wheel reaches the image.
-# No GPU is visible during a build, so the arch list comes from the recipe's target GPUs.
-ARG TORCH_CUDA_ARCH_LIST="6.1"
+# No GPU is visible during a build, so the arch list comes from the recipe's target GPUs. The lock's
+# constraints do not apply: Apex's build tools are pinned here and are not part of the image.
+ARG TORCH_CUDA_ARCH_LIST=6.1
 ARG MAX_JOBS=4
 WORKDIR /src/apex
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    if [ -s /run/secrets/ca_bundle ]; then echo 'Acquire::https::CAInfo "/run/secrets/ca_bundle";' > /etc/apt/apt.conf.d/99verlbox-ca; fi \
-    && apt-get update && apt-get install -y --no-install-recommends git && rm -rf /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca \
-    && if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
-    && git init -q . && git remote add origin https://github.com/NVIDIA/apex \
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=torch_index_url,required=false \
+    . /tmp/verlbox/build-env.sh && verlbox_apt_trust_ca \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends git \
+    && rm -rf /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && git init -q . && git remote add origin https://github.com/NVIDIA/apex \
     && git fetch -q --depth 1 origin e13873debc4699d39c6861074b9a3b2a02327f92 && git checkout -q FETCH_HEAD \
     && pip install packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4 \
     && pip wheel -v --no-build-isolation --no-deps -w /wheels \
@@ -54,15 +52,12 @@ RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/r
 FROM system AS final
 RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
     pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl
-# vLLM 0.8.5.post1 (vllm-0.8.5.post1+cu118-cp38-abi3-manylinux1_x86_64.whl); kernels for sm 7.0, 7.5, 8.0, 8.6, 8.9, 9.0
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
-    && pip install --extra-index-url https://download.pytorch.org/whl/cu118 \
-       https://github.com/vllm-project/vllm/releases/download/v0.8.5.post1/vllm-0.8.5.post1+cu118-cp38-abi3-manylinux1_x86_64.whl torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
+# vLLM 0.8.5.post1; kernels for sm 7.0 7.5 8.0 8.6 8.9 9.0
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && pip install --extra-index-url "$VERLBOX_TORCH_INDEX_URL" https://github.com/vllm-project/vllm/releases/download/v0.8.5.post1/vllm-0.8.5.post1+cu118-cp38-abi3-manylinux1_x86_64.whl torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
 # verl 0.4.1's dependencies, each pinned (verl itself goes in with --no-deps)
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
-    && pip install --extra-index-url https://download.pytorch.org/whl/cu118 \
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && pip install --extra-index-url "$VERLBOX_TORCH_INDEX_URL" \
        accelerate==1.7.0 \
        codetiming==1.4.0 \
        datasets==3.6.0 \
@@ -74,26 +69,24 @@ RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/r
        pyarrow==20.0.0 \
        pybind11==2.13.6 \
        pylatexenc==2.10 \
-       ray[default]==2.47.1 \
+       'ray[default]==2.47.1' \
        setuptools==80.9.0 \
        tensordict==0.6.2 \
        torchdata==0.11.0 \
        transformers==4.51.3 \
        wandb==0.20.1 \
        torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
-    && pip install --no-deps verl==0.4.1
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && pip install --no-deps verl==0.4.1
 # the verlbox runtime: entrypoint, smoke checks and the verl patch set (changes most often: last)
-RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi \
-    && pip install pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0 Jinja2==3.1.6
-COPY recipe.json /opt/verlbox/recipe.json
+RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && pip install pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0
+COPY image-spec.json /opt/verlbox/image-spec.json
 RUN --mount=type=bind,source=verlbox-src,target=/tmp/verlbox-src,rw \
     pip install --no-cache-dir --no-deps --no-build-isolation /tmp/verlbox-src \
     && verlbox patch-verl "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
     && mkdir -p /workspace && chmod 1777 /workspace
-ENV VERLBOX_RECIPE_FILE=/opt/verlbox/recipe.json \
+ENV VERLBOX_IMAGE_SPEC=/opt/verlbox/image-spec.json \
     HF_HUB_OFFLINE=1 \
     HF_DATASETS_OFFLINE=1
 WORKDIR /workspace
@@ -103,15 +96,15 @@ LABEL org.opencontainers.image.title="verlbox p40" \
       org.opencontainers.image.description="Tesla P40 on CUDA 11.8 + cuDNN 8.9.7, torch cu118, Apex, vLLM cu118 (the full stack)" \
       io.verlbox.version="0.1.0" \
       io.verlbox.recipe="p40" \
-      io.verlbox.recipe.hash="40cef77347ed6572501fdcf2953b93cb033aa99d17d6184c3c8fe9e612dc706c" \
+      io.verlbox.recipe.hash="24a89863f587edcd559b7e0daaab9222d835bc880980421413e356d428fe832b" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="059ba77f125bf0e147e0719f9b4af46f026155261250516628fbac7eddd59640" \
-      io.verlbox.pin.python="3.10" \
       io.verlbox.pin.cuda="11.8" \
+      io.verlbox.pin.python="3.10" \
+      io.verlbox.pin.cudnn="8.9.7.29" \
       io.verlbox.pin.torch="2.6.0+cu118" \
       io.verlbox.pin.torchvision="0.21.0+cu118" \
       io.verlbox.pin.torchaudio="2.6.0+cu118" \
-      io.verlbox.pin.cudnn="8.9.7.29" \
       io.verlbox.pin.apex="e13873debc4699d39c6861074b9a3b2a02327f92" \
       io.verlbox.pin.vllm="0.8.5.post1" \
       io.verlbox.pin.verl="0.4.1" \
@@ -131,4 +124,7 @@ LABEL org.opencontainers.image.title="verlbox p40" \
       io.verlbox.pin.tensordict="0.6.2" \
       io.verlbox.pin.transformers="4.51.3" \
       io.verlbox.pin.wandb="0.20.1" \
-      io.verlbox.pin.setuptools="80.9.0"
+      io.verlbox.pin.setuptools="80.9.0" \
+      io.verlbox.pin.pydantic="2.11.7" \
+      io.verlbox.pin.pyyaml="6.0.2" \
+      io.verlbox.pin.rich="14.0.0"

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import run_verlbox
-from verlbox.data import DataError, prepare_gsm8k
+from verlbox.runtime.data import DataError, prepare_gsm8k
 
 ROWS = {
     "train": [

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from conftest import REPO, run_verlbox
-from verlbox.patches import patch_set_for
-from verlbox.recipe import load_recipe
+from verlbox.host.recipe import load_recipe
+from verlbox.runtime.patches import patch_set_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -151,7 +151,7 @@ def test_cpu_smoke_tier_passes_and_gpu_tier_is_skipped_with_a_reason(image: str,
 
 def test_smoke_fails_when_a_patch_is_reverted_in_the_image(image: str, tmp_path: Path) -> None:
     revert = (
-        "from pathlib import Path; import sysconfig; from verlbox.patches import patch_set_for; "
+        "from pathlib import Path; import sysconfig; from verlbox.runtime.patches import patch_set_for; "
         "p = next(x for x in patch_set_for('0.4.1').patches if x.id == 'critic-autocast-follows-param-dtype'); "
         "f = Path(sysconfig.get_paths()['purelib']) / p.file; f.write_text(f.read_text().replace(p.replace, p.find))"
     )

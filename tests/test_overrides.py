@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from conftest import run_verlbox
-from verlbox.overrides import OverrideError, check_overrides, override_value
-from verlbox.patches import patch_set_for
-from verlbox.profile import TrainingPlan
-from verlbox.recipe import load_recipe
-from verlbox.train import merge_overrides
+from verlbox.host.recipe import load_recipe
+from verlbox.runtime.overrides import OverrideError, check_overrides, override_value
+from verlbox.runtime.patches import patch_set_for
+from verlbox.runtime.profile import TrainingPlan
+from verlbox.runtime.train import merge_overrides
 
 PATCH_SET = patch_set_for("0.4.1")
 
@@ -22,7 +22,7 @@ def check(overrides: list[str], config_dir: Path, gpu: str = "6.1", vllm: list[s
 
 @pytest.fixture
 def p40_plan() -> TrainingPlan:
-    return TrainingPlan(load_recipe("p40"), environ={})
+    return TrainingPlan(load_recipe("p40").image_spec(), environ={})
 
 
 def test_the_p40_profile_composes_with_verls_config(p40_plan: TrainingPlan, verl_config_dir: Path) -> None:
@@ -46,7 +46,9 @@ def test_the_p40_profile_composes_with_verls_config(p40_plan: TrainingPlan, verl
 
 
 def test_profile_values_come_from_the_capability_table_and_environment() -> None:
-    plan = TrainingPlan(load_recipe("p40-cu124"), environ={"VERLBOX_MODEL_DIR": "/m/qwen", "VERLBOX_DATA_DIR": "/d"})
+    plan = TrainingPlan(
+        load_recipe("p40-cu124").image_spec(), environ={"VERLBOX_MODEL_DIR": "/m/qwen", "VERLBOX_DATA_DIR": "/d"}
+    )
     assert override_value(plan.overrides, "actor_rollout_ref.model.path") == "/m/qwen"
     assert override_value(plan.overrides, "data.train_files") == "/d/train.parquet"
     assert override_value(plan.overrides, "actor_rollout_ref.rollout.name") == "hf"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_verlbox
-from verlbox.patches import PatchError, PatchState, apply, patch_set_for, verify
+from verlbox.runtime.patches import PatchError, PatchState, apply, patch_set_for, verify
 
 PATCHED_FILES = sorted({patch.file for patch in patch_set_for("0.4.1").patches})
 
@@ -94,7 +94,7 @@ def test_code_read_keys_are_absent_from_verls_config_but_read_by_its_code(verl_t
     apply(verl_tree)
     from omegaconf import OmegaConf
 
-    from verlbox.overrides import compose
+    from verlbox.runtime.overrides import compose
 
     declared = compose(verl_config_dir, [])
     sources = "".join(p.read_text() for p in (verl_tree / "verl").rglob("*.py"))

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from verlbox import preflight
-from verlbox.gpu import capability_for, has_code_for, rollout_backend
-from verlbox.preflight import GpuDevice, GpuFacts
+from verlbox.runtime import preflight
+from verlbox.runtime.gpu import UnsupportedGpu, capability_for, has_code_for, rollout_backend
+from verlbox.runtime.preflight import GpuDevice, GpuFacts
 
 PYPI_TORCH_26 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
 P40 = GpuDevice("Tesla P40", "6.1", 22.4, 22.2)
@@ -29,7 +29,7 @@ def test_capability_table() -> None:
     )
     assert capability_for("8.0").attention == "flash_attention_2" and capability_for("9.0").bf16
     assert capability_for("7.5").torch_compile and not capability_for("7.5").bf16
-    with pytest.raises(ValueError, match="older than anything verlbox supports"):
+    with pytest.raises(UnsupportedGpu, match="older than anything verlbox supports"):
         capability_for("5.2")
 
 

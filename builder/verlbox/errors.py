@@ -1,4 +1,11 @@
-"""User-facing errors: the CLI prints these as one message and exits non-zero, never a traceback."""
+"""User-facing errors: the CLI prints each as one line and exits with its code, never a traceback.
+
+Exit codes (the README lists them): 2 bad input (a recipe, an argument, an environment value, an
+output path), 3 a preflight check failed, 1 anything else (a failed build, a missing engine).
+"""
+
+BAD_INPUT = 2
+PREFLIGHT_FAILED = 3
 
 
 class VerlboxError(Exception):
@@ -7,10 +14,14 @@ class VerlboxError(Exception):
     exit_code = 1
 
 
-class RecipeError(VerlboxError):
-    """A recipe file that cannot be used: names the file, the key path and what was expected."""
+class UsageError(VerlboxError):
+    """Bad input: an argument, an environment value or an output path that cannot be used."""
 
-    exit_code = 2
+    exit_code = BAD_INPUT
+
+
+class RecipeError(UsageError):
+    """A recipe file that cannot be used: names the file, the key path and what was expected."""
 
     def __init__(self, path: object, key: str, problem: str) -> None:
         self.path = str(path)
@@ -18,6 +29,10 @@ class RecipeError(VerlboxError):
         self.problem = problem
         where = f"{self.path}: {key}" if key else self.path
         super().__init__(f"{where}: {problem}")
+
+
+class PreflightFailed(VerlboxError):
+    exit_code = PREFLIGHT_FAILED
 
 
 class BuildError(VerlboxError):

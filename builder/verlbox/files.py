@@ -2,20 +2,51 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
 
+from verlbox.errors import UsageError
+
+
+def _default_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
 
 def write_atomically(path: Path, text: str, mode: int | None = None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    """Replace `path` in one step; a new file gets the mode an ordinary write would give it.
+
+    The data is on disk before the rename, and the rename before returning, so a crash leaves
+    either file whole. A path that cannot be written is bad input: one line, nothing left behind.
+    """
+    if mode is None:
+        mode = path.stat().st_mode & 0o7777 if path.is_file() else _default_mode()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write here ({exc.strerror or exc})") from None
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
-        if mode is not None:
-            os.chmod(temporary, mode)
+            handle.flush()
+            os.fchmod(handle.fileno(), mode)
+            os.fsync(handle.fileno())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    # some file systems refuse to open a directory for fsync; the rename is then as durable as it gets
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,98 @@
+"""A base image made locally with debootstrap + docker import, for hosts that reach no registry.
+
+The Debian mirror is the user's: --apt-mirror, else $VERLBOX_APT_MIRROR, else the first Debian
+archive in the host's own apt sources. verlbox names no mirror of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from verlbox.errors import UsageError, VerlboxError
+from verlbox.host.engine import image_exists, require_cli
+from verlbox.host.recipe import Bootstrap
+
+APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
+_ONE_LINE = re.compile(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(\S+)")
+
+
+def _source_files(locations: Iterable[Path]) -> list[Path]:
+    files: list[Path] = []
+    for location in locations:
+        if location.is_dir():
+            files += sorted(p for p in location.iterdir() if p.suffix in (".list", ".sources"))
+        elif location.is_file():
+            files.append(location)
+    return files
+
+
+def mirror_from_apt_sources(locations: Iterable[Path] = APT_SOURCES) -> str | None:
+    """The first archive URI of a Debian release suite (not -security, not -updates) in apt's sources."""
+    for path in _source_files(locations):
+        text = path.read_text(errors="replace")
+        if path.suffix == ".sources":
+            for stanza in re.split(r"\n\s*\n", text):
+                fields = dict(re.findall(r"^([A-Za-z-]+):\s*(.*)$", stanza, flags=re.MULTILINE))
+                suites = fields.get("Suites", "").split()
+                if fields.get("Enabled", "yes") != "no" and any("-" not in suite for suite in suites):
+                    uris = fields.get("URIs", "").split()
+                    if uris:
+                        return uris[0]
+        else:
+            for line in text.splitlines():
+                if (match := _ONE_LINE.match(line.strip())) and "-" not in match.group(2):
+                    return match.group(1)
+    return None
+
+
+def choose_mirror(option: str | None, environ: Mapping[str, str] = os.environ) -> str:
+    mirror = option or environ.get("VERLBOX_APT_MIRROR") or mirror_from_apt_sources()
+    if not mirror:
+        raise UsageError("--bootstrap-base needs a Debian mirror: give --apt-mirror URL or set VERLBOX_APT_MIRROR")
+    if not re.fullmatch(r"(https?|file)://\S+", mirror):
+        raise UsageError(f"--apt-mirror {mirror!r}: expected an http(s):// or file:// URL")
+    return mirror
+
+
+def bootstrapped_reference(bootstrap: Bootstrap) -> str:
+    return f"verlbox-base/debian:{bootstrap.suite}-{bootstrap.variant}"
+
+
+def ensure_bootstrapped_base(engine: Any, bootstrap: Bootstrap, mirror: str, console: Console) -> str:
+    reference = bootstrapped_reference(bootstrap)
+    if image_exists(engine, reference):
+        return reference
+    if shutil.which("debootstrap") is None:
+        raise VerlboxError("--bootstrap-base needs debootstrap (apt-get install debootstrap)")
+    if os.geteuid() != 0:
+        raise VerlboxError("--bootstrap-base runs debootstrap, which needs root")
+    with (
+        tempfile.TemporaryDirectory(prefix="verlbox-rootfs-") as workdir,
+        console.status(f"debootstrap {bootstrap.suite} ({bootstrap.variant}) -> {reference}"),
+    ):
+        root, archive = Path(workdir) / "root", Path(workdir) / "root.tar"
+        steps = [
+            ["debootstrap", f"--variant={bootstrap.variant}", bootstrap.suite, str(root), mirror],
+            # apt's lists would be deleted by a later layer: a whiteout whose time differs per build
+            ["find", str(root / "var/lib/apt/lists"), "-type", "f", "-delete"],
+            # a file, not a pipe: if docker import dies, nothing is left writing into a pipe nobody reads
+            ["tar", "-C", str(root), "-cf", str(archive), "."],
+            [require_cli(), "import", str(archive), reference],
+        ]
+        for step in steps:
+            result = subprocess.run(step, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise VerlboxError(
+                    f"{step[0]} failed while making {reference}: {(result.stdout + result.stderr).strip()[-2000:]}"
+                )
+    console.print(f"made base image {reference} with debootstrap from {mirror}")
+    return reference

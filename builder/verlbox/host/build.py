@@ -1,0 +1,170 @@
+"""Build an image with BuildKit (`docker buildx build`), streaming its steps, tagging only on success."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.status import Status
+
+from verlbox.errors import BuildError
+from verlbox.host.context import write_context
+from verlbox.host.engine import client, require_cli, retag, untag
+from verlbox.host.plan import BuildPlan
+from verlbox.host.reference import ImageReference, parse_tag
+from verlbox.host.sources import BuildSources
+
+_STEP_START = re.compile(r"^#(\d+) (\[.+|exporting.+|naming.+|writing.+|unpacking.+)$")
+# what a step line shows: its instruction without mount flags and the CA-trust preamble
+_NOISE = re.compile(r"--mount=\S+\s*|\. /tmp/verlbox/build-env\.sh\s*(&&\s*)?(verlbox_apt_trust_ca\s*(&&\s*)?)?")
+_STEP_END = re.compile(r"^#(\d+) (DONE [0-9.]+s|CACHED|ERROR.*|CANCELED)$")
+
+
+@dataclass
+class StepTiming:
+    name: str
+    seconds: float | None = None
+    cached: bool = False
+
+
+@dataclass
+class BuildResult:
+    image_id: str
+    tags: list[str]
+    seconds: float
+    steps: list[StepTiming] = field(default_factory=list)
+
+
+def default_tag(plan: BuildPlan) -> str:
+    return f"verlbox/{plan.recipe.name}:{plan.verlbox_version}"
+
+
+def check_tags(tags: list[str]) -> list[ImageReference]:
+    """Every tag parsed before the build starts: a bad one costs nothing and leaves nothing behind."""
+    return [parse_tag(tag) for tag in tags]
+
+
+def log_directory() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "verlbox" / "build-logs"
+
+
+class _StepReporter:
+    """Turns BuildKit's plain progress into one line per finished step (or every line with `plain`)."""
+
+    def __init__(self, console: Console, verbose: bool) -> None:
+        self.console = console
+        self.verbose = verbose
+        self.steps: dict[str, StepTiming] = {}
+        # on a terminal, the step now running shows under the finished ones (rich hides it elsewhere)
+        self.status: Status | None = None
+
+    def feed(self, line: str) -> None:
+        if self.verbose:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            return
+        if start := _STEP_START.match(line):
+            step = self.steps.setdefault(start.group(1), StepTiming(" ".join(_NOISE.sub("", start.group(2)).split())))
+            if self.status is not None:
+                self.status.update(f"running {step.name[:100]}")
+        elif (end := _STEP_END.match(line)) and end.group(1) in self.steps:
+            step = self.steps[end.group(1)]
+            outcome = end.group(2)
+            step.cached = outcome == "CACHED"
+            if outcome.startswith("DONE"):
+                step.seconds = float(outcome.split()[1].rstrip("s"))
+            shown = (
+                "cached"
+                if step.cached
+                else outcome.split()[0].lower() + (f" {outcome.split()[1]}" if outcome.startswith("DONE") else "")
+            )
+            self.console.print(f"  {shown:>12}  {step.name[:110]}", markup=False, highlight=False)
+
+
+def build_image(
+    plan: BuildPlan,
+    tags: list[str],
+    *,
+    sources: BuildSources | None = None,
+    no_cache: bool = False,
+    progress: str = "auto",
+    console: Console | None = None,
+) -> BuildResult:
+    console = console or Console(stderr=True)
+    references = check_tags(tags)
+    sources = sources or BuildSources()
+    sources.require_torch_index(plan.recipe.name, plan.torch_index)
+    secret_arguments, secret_environment = sources.secret_arguments()
+    docker_cli = require_cli()
+    engine = client()
+    token = secrets.token_hex(6)
+    temporary_tag = f"verlbox-build/{plan.recipe.name}:{token}"
+    log_directory().mkdir(parents=True, exist_ok=True)
+    # the token keeps two builds started in the same second from sharing (and deleting) one log
+    log_path = log_directory() / f"{plan.recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}-{token}.log"
+    reporter = _StepReporter(console, verbose=progress == "plain")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="verlbox-context-") as context:
+        write_context(plan, Path(context))
+        command = [
+            docker_cli,
+            "buildx",
+            "build",
+            "--load",
+            "--progress",
+            "plain",
+            "--target",
+            "final",
+            "--tag",
+            temporary_tag,
+            "--file",
+            str(Path(context) / "Dockerfile"),
+        ]
+        command += secret_arguments
+        if no_cache:
+            command.append("--no-cache")
+        command.append(context)
+        console.print(
+            f"building {plan.recipe.name} FROM {plan.base_image} (log: {log_path})", markup=False, highlight=False
+        )
+        try:
+            with (
+                log_path.open("w") as log,
+                console.status("starting the build") as reporter.status,
+                subprocess.Popen(
+                    command,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    bufsize=1,
+                    env=os.environ | secret_environment,
+                ) as process,
+            ):
+                assert process.stdout is not None
+                for line in process.stdout:
+                    log.write(line)
+                    reporter.feed(line.rstrip("\n"))
+                returncode = process.wait()
+        except BaseException:
+            untag(engine, temporary_tag)
+            raise
+        if returncode != 0:
+            untag(engine, temporary_tag)
+            tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
+            raise BuildError(
+                f"the build of {plan.recipe.name} failed (exit {returncode}); previous images and "
+                f"tags are untouched. Full log: {log_path}\n{tail}"
+            )
+    image_id = engine.images.get(temporary_tag).id
+    retag(engine, temporary_tag, references)
+    log_path.unlink()
+    return BuildResult(
+        image_id, [str(r) for r in references], time.monotonic() - started, list(reporter.steps.values())
+    )

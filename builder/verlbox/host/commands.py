@@ -1,0 +1,199 @@
+"""The host side's commands (dispatched by verlbox.cli): recipes, render, build, lock, smoke, shell, overrides."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from verlbox import paths
+from verlbox.errors import UsageError, VerlboxError
+from verlbox.files import write_atomically
+from verlbox.host.plan import BuildPlan
+from verlbox.host.recipe import load_recipe, recipe_names
+from verlbox.host.render import render_dockerfile
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def recipes(args: argparse.Namespace) -> int:
+    table = Table("recipe", "target GPU (CC)", "CUDA", "torch", "verl", "what it is for")
+    for name in recipe_names():
+        recipe = load_recipe(name)
+        table.add_row(
+            name,
+            ", ".join(recipe.target_gpus),
+            f"{recipe.cuda.version} ({recipe.cuda.provided_by})",
+            recipe.torch.version,
+            recipe.verl.version,
+            recipe.description,
+        )
+    out.print(table)
+    return 0
+
+
+def _render_all(sync: bool) -> int:
+    stale = []
+    for name in recipe_names():
+        text = render_dockerfile(BuildPlan(load_recipe(name)))
+        target = paths.dockerfiles_dir() / f"{name}.Dockerfile"
+        if target.is_file() and target.read_text() == text:
+            continue
+        if sync:
+            write_atomically(target, text)
+            err.print(f"wrote {target}")
+        else:
+            stale.append(target)
+    for target in stale:
+        err.print(f"{target} differs from what its recipe renders: run `verlbox render --sync`")
+    return 1 if stale else 0
+
+
+def render(args: argparse.Namespace) -> int:
+    if args.check or args.sync:
+        return _render_all(sync=args.sync)
+    if not args.recipe:
+        raise UsageError("render needs a RECIPE (or --check / --sync)")
+    text = render_dockerfile(BuildPlan(load_recipe(args.recipe), base_override=args.base_image))
+    if args.output:
+        write_atomically(Path(args.output), text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def build(args: argparse.Namespace) -> int:
+    from verlbox.host.bootstrap import choose_mirror, ensure_bootstrapped_base
+    from verlbox.host.build import build_image, check_tags, default_tag
+    from verlbox.host.engine import client
+    from verlbox.host.sources import BuildSources
+
+    recipe = load_recipe(args.recipe)
+    sources = BuildSources.from_options(args.ca_bundle, args.pip_index_url, args.torch_index_url)
+    sources.require_torch_index(recipe.name, recipe.torch.index)
+    check_tags(args.tag or [])
+    base_override = args.base_image
+    if args.bootstrap_base:
+        if recipe.base.bootstrap is None:
+            raise UsageError(f"recipe {recipe.name} says nothing under base.bootstrap: it has no local base")
+        mirror = choose_mirror(args.apt_mirror)
+        base_override = ensure_bootstrapped_base(client(), recipe.base.bootstrap, mirror, err)
+    plan = BuildPlan(recipe, base_override=base_override)
+    result = build_image(
+        plan,
+        args.tag or [default_tag(plan)],
+        sources=sources,
+        no_cache=args.no_cache,
+        progress=args.progress,
+        console=err,
+    )
+    err.print(f"built {', '.join(result.tags)} ({result.image_id[:19]}) in {result.seconds:.0f} s")
+    return 0
+
+
+def _image(args: argparse.Namespace) -> str:
+    """--image, else the tag `verlbox build` gives the recipe's image."""
+    from verlbox.host.build import default_tag
+
+    return args.image or default_tag(BuildPlan(load_recipe(args.recipe)))
+
+
+def lock(args: argparse.Namespace) -> int:
+    from verlbox.host.lock import write_lock
+
+    target, count = write_lock(load_recipe(args.recipe), _image(args))
+    err.print(f"wrote {target} ({count} packages)")
+    return 0
+
+
+def smoke(args: argparse.Namespace) -> int:
+    from verlbox.host.engine import require_cli
+    from verlbox.runtime.commands import print_results
+    from verlbox.runtime.smoke import CheckResult
+
+    image = _image(args)
+    command = [require_cli(), "run", "--rm", "--shm-size", "2g"]
+    command += ["--gpus", "all"] if args.gpu else []
+    command += [image, "smoke-checks", "--json", "-"] + (["--gpu"] if args.gpu else [])
+    with err.status(f"running smoke checks in {image}"):
+        run = subprocess.run(command, capture_output=True, text=True, check=False)
+    try:
+        results = [CheckResult(**row) for row in json.loads(run.stdout)]
+    except (json.JSONDecodeError, TypeError):
+        raise VerlboxError(
+            f"the smoke checks in {image} did not report (exit {run.returncode}): {run.stderr.strip()[-2000:]}"
+        ) from None
+    if args.json:
+        write_atomically(Path(args.json), run.stdout)
+    print_results(results)
+    return 1 if any(r.status == "failed" for r in results) else 0
+
+
+def overrides(args: argparse.Namespace) -> int:
+    from verlbox.runtime.overrides import installed_verl_config_dir
+    from verlbox.runtime.profile import TrainingPlan
+    from verlbox.runtime.train import verified_overrides
+
+    plan = TrainingPlan(load_recipe(args.recipe).image_spec())
+    if installed_verl_config_dir() is None:
+        err.print(
+            "note: verl is not installed here, so these were not checked against its config "
+            "(the image checks them at every start)"
+        )
+        lines = plan.overrides
+    else:
+        lines = verified_overrides(plan, args.extra)
+    out.print("\n".join(lines), markup=False)
+    return 0
+
+
+def _dotenv_keys(path: Path) -> set[str]:
+    if not path.is_file():
+        return set()
+    lines = (line.strip() for line in path.read_text(errors="replace").splitlines())
+    return {line.split("=", 1)[0].strip() for line in lines if "=" in line and not line.startswith("#")}
+
+
+def shell_command(args: argparse.Namespace, workdir: Path, environ: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """`docker compose run` on the train service, in the user's folder, honouring its .env.
+
+    compose.yaml's `train` service is the one definition of GPU, mounts, user and environment. The
+    compose file in the current folder wins over the shipped one; relative mounts and .env are the
+    current folder's. A variable the shell or .env already sets is left alone.
+    """
+    from verlbox.host.engine import require_cli
+
+    compose_file = workdir / "compose.yaml"
+    if not compose_file.is_file():
+        compose_file = paths.compose_file()
+    command = [require_cli(), "compose", "-f", str(compose_file), "--project-directory", str(workdir), "run", "--rm"]
+    command += (
+        ["--entrypoint", args.one_command[0], "train", *args.one_command[1:]]
+        if args.one_command
+        else [
+            "--entrypoint",
+            "bash",
+            "train",
+        ]
+    )
+    already = set(environ) | _dotenv_keys(workdir / ".env")
+    environment: dict[str, str] = {}
+    if args.recipe or args.image:
+        environment["VERLBOX_IMAGE"] = _image(args)
+    for variable, value in (("VERLBOX_UID", os.getuid()), ("VERLBOX_GID", os.getgid())):
+        if variable not in already:
+            environment[variable] = str(value)
+    return command, environment
+
+
+def shell(args: argparse.Namespace) -> int:
+    command, environment = shell_command(args, Path.cwd(), dict(os.environ))
+    os.execvpe(command[0], command, os.environ | environment)
+    return 0  # not reached: exec replaces this process

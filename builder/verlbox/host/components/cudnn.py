@@ -1,0 +1,28 @@
+"""System cuDNN from NVIDIA's CUDA apt repository, pinned and held (the CUDA base holds an older one)."""
+
+from __future__ import annotations
+
+from verlbox.host.components.base import Component
+from verlbox.host.schema import DebianVersion
+
+
+class Cudnn(Component):
+    key = "cudnn"
+    apt_version: DebianVersion
+
+    @property
+    def version(self) -> str:
+        return self.apt_version.split("-", 1)[0]
+
+    def pins(self) -> dict[str, str]:
+        return {"cudnn": self.version}
+
+    template = """
+{% import "_macros.j2" as m %}
+{% macro system(c, plan) -%}
+# cuDNN {{ c.version | q }} from NVIDIA's CUDA apt repository: the base holds an older one
+{{ m.apt_install(plan, ["libcudnn8=" ~ c.apt_version, "libcudnn8-dev=" ~ c.apt_version],
+                 "--allow-change-held-packages --allow-downgrades") }} \\
+    && apt-mark hold libcudnn8 libcudnn8-dev
+{%- endmacro %}
+"""

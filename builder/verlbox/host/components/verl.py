@@ -1,0 +1,35 @@
+"""verl at a pinned version, installed with --no-deps; every dependency is pinned here instead."""
+
+from __future__ import annotations
+
+from verlbox.host.components.base import Component
+from verlbox.host.schema import ExactVersion, PackageName
+
+
+class Verl(Component):
+    key = "verl"
+    required = True
+    version: ExactVersion
+    # verl's metadata asks for vllm<=0.8.5 and flash-attn extras: nothing of it is trusted
+    dependencies: dict[PackageName, ExactVersion]
+
+    def pins(self) -> dict[str, str]:
+        pins = {"verl": self.version}
+        pins |= {name.split("[", 1)[0]: version for name, version in self.dependencies.items()}
+        return pins
+
+    def requirements(self) -> list[str]:
+        return [f"{name}=={version}" for name, version in sorted(self.dependencies.items())]
+
+    template = """
+{% import "_macros.j2" as m %}
+{% macro final(c, plan) -%}
+# verl {{ c.version | q }}'s dependencies, each pinned (verl itself goes in with --no-deps)
+{{ m.run(plan) }} pip install {{ plan.torch_extra_index }}\\
+{% for requirement in c.requirements() %}
+       {{ requirement | q }} \\
+{% endfor %}
+       {{ plan.recipe.torch.requirements() | words }}
+{{ m.run(plan) }} pip install --no-deps {{ ("verl==" ~ c.version) | q }}
+{%- endmacro %}
+"""

@@ -1,0 +1,53 @@
+"""The local Docker engine through the docker SDK: is it up, inspect, tag, untag."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from typing import Any
+
+import docker
+
+from verlbox.errors import VerlboxError
+from verlbox.host.reference import ImageReference
+
+
+class EngineError(VerlboxError):
+    pass
+
+
+def client() -> Any:
+    try:
+        engine = docker.from_env()
+        engine.ping()
+    except docker.errors.DockerException as exc:
+        raise EngineError(f"no Docker engine answers ({exc}); start dockerd or set DOCKER_HOST") from None
+    return engine
+
+
+def require_cli() -> str:
+    docker_cli = shutil.which("docker")
+    if docker_cli is None:
+        raise EngineError("the docker command-line client is not on PATH")
+    return docker_cli
+
+
+def image_exists(engine: Any, reference: str) -> bool:
+    try:
+        engine.images.get(reference)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def retag(engine: Any, source: str, targets: list[ImageReference]) -> None:
+    """Point every target at source's image, then drop the source tag (the image itself stays)."""
+    image = engine.images.get(source)
+    for target in targets:
+        image.tag(target.repository, target.tag)
+    untag(engine, source)
+
+
+def untag(engine: Any, reference: str) -> None:
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        engine.images.remove(reference, noprune=True)

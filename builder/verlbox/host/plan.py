@@ -1,0 +1,104 @@
+"""The build plan: a validated recipe completed with everything derived from it and the command line."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+from packaging.utils import canonicalize_name
+
+from verlbox import __version__
+from verlbox.host.components import Component
+from verlbox.host.recipe import RecipeHead
+from verlbox.runtime.patches import patch_set_for
+
+Part = Literal["system", "builder", "final"]
+
+
+@dataclass(frozen=True)
+class Block:
+    """A component placed in a plan: renders its template's macros with the plan around it."""
+
+    component: Component
+    plan: BuildPlan
+
+    @property
+    def name(self) -> str:
+        return self.component.key
+
+    def _module(self) -> object:
+        from verlbox.host.render import TEMPLATES
+
+        return TEMPLATES.get_template(f"{self.name}.j2").module
+
+    def has(self, part: Part) -> bool:
+        return callable(getattr(self._module(), part, None))
+
+    def render(self, part: Part) -> str:
+        macro = getattr(self._module(), part)
+        return str(macro(self.component, self.plan)).strip("\n")
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    recipe: RecipeHead
+    base_override: str | None = None
+    verlbox_version: str = __version__
+
+    @property
+    def base_image(self) -> str:
+        return self.base_override or self.recipe.base.pinned_reference
+
+    @property
+    def cuda_arch_list(self) -> str:
+        return ";".join(self.recipe.target_gpus)
+
+    @cached_property
+    def blocks(self) -> list[Block]:
+        return [Block(component, self) for component in self.recipe.components()]
+
+    @property
+    def builder_blocks(self) -> list[Block]:
+        return [block for block in self.blocks if block.has("builder")]
+
+    @property
+    def torch_index(self) -> str | None:
+        return self.recipe.torch.index  # type: ignore[attr-defined]
+
+    @property
+    def build_secrets(self) -> list[str]:
+        """BuildKit secrets every installing RUN may read (each optional; none is ever written to a layer)."""
+        return ["ca_bundle", "pip_index_url"] + (["torch_index_url"] if self.torch_index else [])
+
+    @property
+    def torch_extra_index(self) -> str:
+        """Later pip installs see torch's own index too, so that the pinned torch stays resolvable."""
+        return '--extra-index-url "$VERLBOX_TORCH_INDEX_URL" ' if self.torch_index else ""
+
+    @cached_property
+    def lock_text(self) -> str | None:
+        lock = self.recipe.lock_path
+        return lock.read_text() if lock and lock.is_file() else None
+
+    @cached_property
+    def patch_set_hash(self) -> str:
+        return patch_set_for(self.recipe.verl.version).content_hash  # type: ignore[attr-defined]
+
+    @property
+    def labels(self) -> dict[str, str]:
+        labels = {
+            "org.opencontainers.image.title": f"verlbox {self.recipe.name}",
+            "org.opencontainers.image.description": self.recipe.description,
+            "io.verlbox.version": self.verlbox_version,
+            "io.verlbox.recipe": self.recipe.name,
+            "io.verlbox.recipe.hash": self.recipe.content_hash,
+            "io.verlbox.target-gpus": ",".join(self.recipe.target_gpus),
+            "io.verlbox.verl-patch-set.hash": self.patch_set_hash,
+        }
+        if self.lock_text:
+            labels["io.verlbox.lock.hash"] = hashlib.sha256(self.lock_text.encode()).hexdigest()
+        for component, version in self.recipe.pins().items():
+            labels[f"io.verlbox.pin.{canonicalize_name(component)}"] = version  # label keys are lowercase
+        return labels

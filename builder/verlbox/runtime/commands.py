@@ -1,0 +1,89 @@
+"""The image side's commands: train, smoke-checks, prepare-data, patch-verl (dispatched by verlbox.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from verlbox.errors import UsageError
+from verlbox.files import write_atomically
+from verlbox.runtime.spec import SPEC_VARIABLE, ImageSpec, baked_spec
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _spec(args: argparse.Namespace) -> ImageSpec:
+    """--recipe (turned into a spec by the dispatcher), else the spec baked into this image."""
+    spec = getattr(args, "spec", None) or baked_spec()
+    if spec is None:
+        raise UsageError(f"no recipe given and no image spec here (${SPEC_VARIABLE}): outside an image, pass --recipe")
+    return spec
+
+
+def train(args: argparse.Namespace) -> int:
+    from verlbox.runtime.memory_cap import gib_from_environment, parse_gib
+    from verlbox.runtime.train import train as run_training
+
+    spec = _spec(args)
+    gib = (
+        parse_gib(args.gpu_memory_gib, "--gpu-memory-gib") if args.gpu_memory_gib else gib_from_environment(os.environ)
+    )
+    return run_training(spec, args.overrides, dry_run=args.dry_run, gpu_memory_gib=gib, console=err)
+
+
+def prepare_data(args: argparse.Namespace) -> int:
+    from verlbox.runtime.data import prepare_gsm8k
+
+    written = prepare_gsm8k(Path(args.source), Path(args.out), validation_size=args.validation_size)
+    for name, (rows, changed) in written.items():
+        out.print(f"{Path(args.out) / name}.parquet: {rows} rows{'' if changed else ' (unchanged)'}")
+    return 0
+
+
+def patch_verl(args: argparse.Namespace) -> int:
+    from verlbox.runtime.patches import PatchState, apply
+
+    patch_set, statuses = apply(Path(args.directory))
+    pending = [s for s in statuses if s.state is PatchState.PENDING]
+    if not pending:
+        out.print(f"verl {patch_set.verl_version} in {args.directory}: all {len(statuses)} patches already applied")
+    for status in pending:
+        out.print(f"applied {status.patch.id} ({status.patch.file}, {status.patch.count}x)")
+    return 0
+
+
+def print_results(results: list) -> None:
+    table = Table("tier", "check", "result", "detail")
+    colours = {"passed": "green", "failed": "red", "skipped": "yellow"}
+    for result in results:
+        table.add_row(result.tier, result.name, f"[{colours[result.status]}]{result.status}[/]", result.detail)
+    out.print(table)
+
+
+def smoke_checks(args: argparse.Namespace) -> int:
+    from verlbox.runtime.smoke import results_json, run_smoke
+
+    spec = _spec(args)
+    if args.json == "-":
+        # verl and transformers print to stdout; keep it clean for the JSON the host reads
+        sys.stdout.flush()
+        json_out = os.dup(1)
+        os.dup2(2, 1)
+        try:
+            results = run_smoke(spec, gpu=args.gpu)
+        finally:
+            sys.stdout.flush()
+            os.dup2(json_out, 1)
+        sys.stdout.write(results_json(results) + "\n")
+    else:
+        results = run_smoke(spec, gpu=args.gpu)
+        if args.json:
+            write_atomically(Path(args.json), results_json(results) + "\n")
+        print_results(results)
+    return 1 if any(r.status == "failed" for r in results) else 0

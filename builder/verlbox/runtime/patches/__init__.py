@@ -1,0 +1,156 @@
+"""The declarative verl patch set: load it, apply it to a verl tree, verify it there.
+
+Applying and verifying share one code path, so the smoke check inside an image judges a patch
+exactly the way the build that applied it did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from enum import Enum
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from verlbox.errors import VerlboxError
+from verlbox.files import write_atomically
+
+
+class Patch(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    file: str
+    why: str
+    count: int = Field(ge=1)
+    find: str
+    replace: str
+
+
+class PatchSet(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    verl_version: str
+    patches: list[Patch]
+    code_read_keys: dict[str, str]
+
+    @property
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+
+
+class PatchState(Enum):
+    APPLIED = "applied"
+    PENDING = "pending"
+    MISMATCH = "mismatch"
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    patch: Patch
+    state: PatchState
+    detail: str
+
+
+class PatchError(VerlboxError):
+    pass
+
+
+def available_versions() -> list[str]:
+    folder = resources.files("verlbox.runtime.patches")
+    return sorted(
+        p.name.removeprefix("verl-").removesuffix(".yaml")
+        for p in folder.iterdir()
+        if p.name.startswith("verl-") and p.name.endswith(".yaml")
+    )
+
+
+@cache
+def patch_set_for(verl_version: str) -> PatchSet:
+    source = resources.files("verlbox.runtime.patches") / f"verl-{verl_version}.yaml"
+    if not source.is_file():
+        raise PatchError(
+            f"verlbox has no patch set for verl {verl_version} "
+            f"(it has: {', '.join(available_versions())}); nothing was changed"
+        )
+    return PatchSet.model_validate(yaml.safe_load(source.read_text()))
+
+
+def detect_verl_version(site_dir: Path) -> str:
+    version_file = site_dir / "verl" / "version" / "version"
+    if not version_file.is_file():
+        raise PatchError(f"{site_dir} holds no verl package (looked for {version_file})")
+    return version_file.read_text().strip()
+
+
+def _status(patch: Patch, text: str) -> PatchStatus:
+    applied, pending = text.count(patch.replace), text.count(patch.find)
+    if applied == patch.count:
+        return PatchStatus(patch, PatchState.APPLIED, f"applied ({applied} of {patch.count} places)")
+    if applied == 0 and pending == patch.count:
+        return PatchStatus(patch, PatchState.PENDING, f"not applied ({pending} of {patch.count} places match)")
+    return PatchStatus(
+        patch,
+        PatchState.MISMATCH,
+        f"expected {patch.count} places in {patch.file}, found {pending} unpatched "
+        f"and {applied} patched: this verl tree is not the one the patch was written for",
+    )
+
+
+def verify(site_dir: Path, patch_set: PatchSet) -> list[PatchStatus]:
+    """The state of every patch, reading each file once; patches on one file are judged in order."""
+    statuses = []
+    for file, patches in _by_file(patch_set).items():
+        text = _read(site_dir, file)
+        for patch in patches:
+            status = _status(patch, text)
+            statuses.append(status)
+            if status.state is PatchState.PENDING:
+                text = text.replace(patch.find, patch.replace)
+    return statuses
+
+
+def apply(site_dir: Path) -> tuple[PatchSet, list[PatchStatus]]:
+    """Apply the patch set for the verl found in site_dir: all files or none.
+
+    Returns the statuses from before applying; a second run finds everything APPLIED and writes nothing.
+    """
+    patch_set = patch_set_for(detect_verl_version(site_dir))
+    statuses = verify(site_dir, patch_set)
+    broken = [s for s in statuses if s.state is PatchState.MISMATCH]
+    if broken:
+        raise PatchError("; ".join(f"patch {s.patch.id}: {s.detail}" for s in broken) + "; nothing was changed")
+    new_texts: dict[str, str] = {}
+    for status in statuses:
+        if status.state is PatchState.PENDING:
+            file = status.patch.file
+            text = new_texts.get(file, _read(site_dir, file))
+            new_texts[file] = text.replace(status.patch.find, status.patch.replace)
+    for file, text in new_texts.items():
+        _write_patched(site_dir / file, text)
+    return patch_set, statuses
+
+
+def _by_file(patch_set: PatchSet) -> dict[str, list[Patch]]:
+    grouped: dict[str, list[Patch]] = {}
+    for patch in patch_set.patches:
+        grouped.setdefault(patch.file, []).append(patch)
+    return grouped
+
+
+def _read(site_dir: Path, file: str) -> str:
+    path = site_dir / file
+    if not path.is_file():
+        raise PatchError(f"{path} is missing: the patch set expects it in verl's tree")
+    return path.read_text()
+
+
+def _write_patched(path: Path, text: str) -> None:
+    write_atomically(path, text, mode=path.stat().st_mode)
+    # a stale bytecode cache must not keep running the unpatched code
+    for cached in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
+        cached.unlink()

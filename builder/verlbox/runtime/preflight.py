@@ -1,0 +1,211 @@
+"""Checks run before training: each failure is one sentence, not a Ray traceback ten minutes later.
+
+The GPU is probed once into GpuFacts; every check is a plain function of facts, so tests can feed
+the facts of a GPU they do not have.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import Version
+
+from verlbox.runtime.gpu import CUDA_MIN_DRIVER, UnsupportedGpu, capability_for, has_code_for
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    name: str
+    compute_capability: str
+    total_gib: float
+    free_gib: float
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    devices: list[GpuDevice]
+    compiled_archs: list[str]
+    driver_cuda: str | None  # CUDA version the driver supports, e.g. "12.4"
+    driver_version: str | None  # NVIDIA driver, e.g. "550.54.14"
+    memory_cap_gib: float | None = None
+
+
+def probe_gpu() -> GpuFacts:
+    import torch
+
+    devices = []
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            properties = torch.cuda.get_device_properties(index)
+            free, total = torch.cuda.mem_get_info(index)
+            devices.append(
+                GpuDevice(properties.name, f"{properties.major}.{properties.minor}", total / 2**30, free / 2**30)
+            )
+    driver_cuda = _driver_cuda_version() if devices else None
+    cap = os.environ.get("VERLBOX_GPU_MEMORY_GIB")
+    return GpuFacts(
+        devices,
+        torch._C._cuda_getArchFlags().split() if torch.version.cuda else [],
+        driver_cuda,
+        _nvidia_driver_version(),
+        float(cap) if cap else None,
+    )
+
+
+def _driver_cuda_version() -> str | None:
+    """The CUDA version the installed driver supports, from libcuda itself (cuDriverGetVersion)."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    encoded = ctypes.c_int()
+    if libcuda.cuDriverGetVersion(ctypes.byref(encoded)) != 0:
+        return None
+    return f"{encoded.value // 1000}.{encoded.value % 1000 // 10}"
+
+
+def _nvidia_driver_version() -> str | None:
+    version_file = Path("/proc/driver/nvidia/version")
+    if not version_file.is_file():
+        return None
+    words = version_file.read_text().split()
+    return next((word for word in words if word.count(".") >= 1 and word.replace(".", "").isdigit()), None)
+
+
+def check_gpu_visible(facts: GpuFacts, gpus_needed: int) -> Check:
+    if len(facts.devices) >= gpus_needed:
+        names = ", ".join(f"{d.name} (CC {d.compute_capability})" for d in facts.devices)
+        return Check("GPU visible", True, names)
+    return Check(
+        "GPU visible",
+        False,
+        f"training needs {gpus_needed} GPU(s) but {len(facts.devices)} are visible: "
+        "run the container with the GPU reserved (docker compose does; docker run needs --gpus all) "
+        "and the NVIDIA container toolkit installed on the host",
+    )
+
+
+def check_compute_capability(facts: GpuFacts, targets: list[str]) -> Check:
+    oldest = min(targets, key=Version)
+    for device in facts.devices:
+        cc = device.compute_capability
+        try:
+            capability_for(cc)
+        except UnsupportedGpu as exc:
+            return Check("compute capability", False, f"{device.name}: {exc}")
+        if Version(cc) < Version(oldest):
+            return Check(
+                "compute capability",
+                False,
+                f"{device.name} has compute capability {cc}, older than this image's target {oldest}",
+            )
+        if facts.compiled_archs and not has_code_for(cc, facts.compiled_archs):
+            return Check(
+                "compute capability",
+                False,
+                f"the installed torch has no code for {device.name} (CC {cc}; it has {' '.join(facts.compiled_archs)})",
+            )
+    detail = f"targets {', '.join(targets)}"
+    newer = [d for d in facts.devices if d.compute_capability not in targets]
+    if newer:
+        detail += (
+            f"; {newer[0].name} is CC {newer[0].compute_capability}: the profile made for "
+            f"{oldest} (fp32, sdpa, HF rollout) still runs there, only not at that GPU's best"
+        )
+    return Check("compute capability", True, detail)
+
+
+def check_driver(facts: GpuFacts, image_cuda: str) -> Check:
+    full, compatible = CUDA_MIN_DRIVER.get(image_cuda, ("?", "?"))
+    driver = facts.driver_version or "unknown"
+    if facts.driver_cuda is None:
+        return Check(
+            "driver", False, f"no NVIDIA driver answers; this image needs one for CUDA {image_cuda} (>= {full})"
+        )
+    have, need = Version(facts.driver_cuda), Version(image_cuda)
+    if have >= need:
+        return Check("driver", True, f"driver {driver} supports CUDA {facts.driver_cuda} >= {image_cuda}")
+    if have.major == need.major:
+        return Check(
+            "driver",
+            True,
+            f"driver {driver} supports CUDA {facts.driver_cuda} < {image_cuda}: runs "
+            f"through minor-version compatibility (>= {compatible}); upgrade to >= {full} for full support",
+        )
+    return Check(
+        "driver",
+        False,
+        f"driver {driver} supports CUDA {facts.driver_cuda} only; this image needs "
+        f"CUDA {image_cuda}: install driver >= {full} (or use a recipe built for CUDA {facts.driver_cuda})",
+    )
+
+
+def check_memory(facts: GpuFacts, min_gib: float) -> Check:
+    for device in facts.devices:
+        usable = min(device.free_gib, facts.memory_cap_gib or device.free_gib)
+        if usable < min_gib:
+            return Check(
+                "GPU memory",
+                False,
+                f"{device.name} has {usable:.1f} GiB free; the profile needs "
+                f"{min_gib:g} GiB: stop other GPU processes or use a smaller batch",
+            )
+    capped = f" (capped at {facts.memory_cap_gib:g} GiB per process)" if facts.memory_cap_gib else ""
+    return Check(
+        "GPU memory", True, ", ".join(f"{d.free_gib:.1f} of {d.total_gib:.1f} GiB free" for d in facts.devices) + capped
+    )
+
+
+def check_model(model_dir: Path) -> Check:
+    if not (model_dir / "config.json").is_file():
+        return Check(
+            "model",
+            False,
+            f"no model in {model_dir} (no config.json): mount a local "
+            "Qwen2.5-0.5B-Instruct download there (README: Getting the model)",
+        )
+    if not any(model_dir.glob("*.safetensors")) and not any(model_dir.glob("pytorch_model*.bin")):
+        return Check("model", False, f"{model_dir} has a config.json but no weights (*.safetensors)")
+    try:
+        from transformers import AutoConfig, AutoTokenizer
+
+        config = AutoConfig.from_pretrained(model_dir)
+        AutoTokenizer.from_pretrained(model_dir)
+    except Exception as exc:  # any loader failure is the user's model folder, reported in one line
+        return Check("model", False, f"{model_dir} does not load with transformers: {exc}")
+    return Check("model", True, f"{model_dir} ({config.model_type})")
+
+
+def check_shared_memory(minimum_gib: float = 1.0, shm: Path = Path("/dev/shm")) -> Check:
+    if not shm.is_dir():
+        return Check("shared memory", True, "no /dev/shm (not in a container)")
+    stats = os.statvfs(shm)
+    size = stats.f_blocks * stats.f_frsize / 2**30
+    if size < minimum_gib:
+        return Check(
+            "shared memory",
+            False,
+            f"/dev/shm is {size * 1024:.0f} MiB; Ray needs more: start the "
+            "container with --shm-size=10g (compose.yaml sets it)",
+        )
+    return Check("shared memory", True, f"/dev/shm {size:.1f} GiB")
+
+
+DEAD_VARIABLES = {
+    "VLLM_DTYPE": "vLLM never reads it; the rollout dtype is actor_rollout_ref.rollout.dtype",
+    "TRITON_MAX_SHARED_MEMORY": "Triton never reads it; the P40 profile runs no Triton kernels",
+}
+
+
+def dead_variables(environ: dict[str, str]) -> list[str]:
+    return [f"{name} is set but {why}" for name, why in DEAD_VARIABLES.items() if name in environ]

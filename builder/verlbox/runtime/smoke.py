@@ -1,0 +1,416 @@
+"""The smoke checks an image runs on itself: a CPU tier (CI, every change) and a GPU tier (--gpu).
+
+They run inside the image (`verlbox smoke-checks`) or in any Python environment that has the stack,
+which is how the GPU tier ran on a GPU machine without Docker.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from pathlib import Path
+
+from packaging.version import Version
+
+from verlbox.runtime import preflight
+from verlbox.runtime.data import prepare_gsm8k
+from verlbox.runtime.fixtures import make_gsm8k_jsonl, make_model, make_tokenizer
+from verlbox.runtime.gpu import has_code_for
+from verlbox.runtime.overrides import compose, installed_verl_config_dir
+from verlbox.runtime.patches import PatchState, patch_set_for, verify
+from verlbox.runtime.profile import TrainingPlan
+from verlbox.runtime.spec import SPEC_VARIABLE, ImageSpec
+from verlbox.runtime.train import merge_overrides, verified_overrides
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    tier: str
+    name: str
+    status: str  # passed, failed, skipped
+    detail: str
+
+
+class Skip(Exception):
+    """The check cannot apply here; the message says why."""
+
+
+def pin_matches(installed: str, pinned: str) -> bool:
+    """A pin without a local label (2.6.0) accepts any build of it (2.6.0+cu124); one with a label needs it."""
+    have, want = Version(installed), Version(pinned)
+    return have.public == want.public and (want.local is None or have.local == want.local)
+
+
+class SmokeContext:
+    """Shared, lazily made inputs: fixtures in one temporary folder, the composed profile config."""
+
+    def __init__(self, spec: ImageSpec, workdir: Path) -> None:
+        self.spec = spec
+        self.workdir = workdir
+
+    @cached_property
+    def plan(self) -> TrainingPlan:
+        return TrainingPlan(self.spec, {})
+
+    @cached_property
+    def site_packages(self) -> Path:
+        spec = importlib.util.find_spec("verl")
+        if spec is None or spec.origin is None:
+            return Path(sysconfig.get_paths()["purelib"])
+        return Path(spec.origin).parents[1]
+
+    @cached_property
+    def spec_file(self) -> Path:
+        """The spec as a file, for the `verlbox train` subprocesses (inside an image it is the baked one)."""
+        path = self.workdir / "image-spec.json"
+        path.write_text(self.spec.model_dump_json())
+        return path
+
+    @cached_property
+    def model_dir(self) -> Path:
+        return make_model(self.workdir / "tiny-qwen2", "tiny")
+
+    @cached_property
+    def data_dir(self) -> Path:
+        raw = make_gsm8k_jsonl(self.workdir / "gsm8k-raw", train_rows=16, test_rows=8)
+        prepare_gsm8k(raw, self.workdir / "gsm8k")
+        return self.workdir / "gsm8k"
+
+    def composed(self) -> object:
+        """The profile's config with the tiny model in place of the real one."""
+        overrides = merge_overrides(
+            self.plan.overrides,
+            [f"actor_rollout_ref.model.path={self.model_dir}", f"critic.model.path={self.model_dir}"],
+        )
+        config_dir = installed_verl_config_dir()
+        assert config_dir is not None
+        return compose(config_dir, overrides)
+
+
+# ---- CPU tier -------------------------------------------------------------------------------------
+
+
+def check_pins(ctx: SmokeContext) -> str:
+    import torch
+
+    pins = ctx.spec.pins
+    installed = {"python": "{}.{}".format(*sys.version_info[:2]), "cuda": torch.version.cuda or "none"}
+    wrong = []
+    for component, pinned in pins.items():
+        if component in ("python", "cuda"):
+            ok = installed[component] == pinned
+        elif component == "cudnn":
+            found = subprocess.run(
+                ["dpkg-query", "-W", "-f", "${Version}", "libcudnn8"], capture_output=True, text=True, check=False
+            ).stdout.strip()
+            installed[component] = found or "absent"
+            ok = found.split("-", 1)[0] == pinned
+        elif component == "apex":
+            installed[component] = "present" if importlib.util.find_spec("apex") else "absent"
+            ok = installed[component] == "present"  # a wheel built from source records no commit
+        else:
+            try:
+                installed[component] = importlib.metadata.version(component)
+            except importlib.metadata.PackageNotFoundError:
+                installed[component] = "absent"
+                ok = False
+            else:
+                ok = pin_matches(installed[component], pinned)
+        if not ok:
+            wrong.append(f"{component} {installed[component]} (recipe pins {pinned})")
+    if wrong:
+        raise AssertionError("; ".join(wrong))
+    loads = f"torch loads cuDNN {torch.backends.cudnn.version()}"
+    if "cudnn" in pins:
+        loads = f"system cuDNN {installed['cudnn']} (what Apex builds against); " + loads
+    try:
+        loads += ", NCCL " + ".".join(map(str, torch.cuda.nccl.version()))
+    except (AttributeError, RuntimeError):
+        loads += ", no NCCL"
+    return f"{len(pins)} pins match; {loads}"
+
+
+def check_dependencies(ctx: SmokeContext) -> str:
+    result = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise AssertionError(result.stdout.strip().replace("\n", "; "))
+    return "pip check: no broken requirements"
+
+
+def check_patches(ctx: SmokeContext) -> str:
+    statuses = verify(ctx.site_packages, patch_set_for(ctx.spec.verl))
+    bad = [s for s in statuses if s.state is not PatchState.APPLIED]
+    if bad:
+        raise AssertionError(
+            "; ".join(f"patch {s.patch.id} ({s.patch.file}) is {s.state.value}: {s.detail}" for s in bad)
+        )
+    return f"{len(statuses)} patches applied in {ctx.site_packages / 'verl'}"
+
+
+_IMPORT_AS_ON_CUDA = (
+    "import verl.utils.device as d; d.is_cuda_available = True; "
+    "import verl.workers.actor.dp_actor, verl.workers.critic.dp_critic"
+)
+
+
+def check_no_flash_attn(ctx: SmokeContext) -> str:
+    if importlib.util.find_spec("flash_attn") is not None:
+        raise AssertionError("flash_attn is installed (its Triton kernels and FA2 do not run below CC 8.0)")
+    # dp_actor/dp_critic import flash_attn only when CUDA is present: pretend it is, in a fresh interpreter
+    result = subprocess.run([sys.executable, "-c", _IMPORT_AS_ON_CUDA], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise AssertionError(result.stderr.strip().splitlines()[-1])
+    return "flash_attn absent; dp_actor and dp_critic import as they would on a CUDA machine"
+
+
+def check_arch_list(ctx: SmokeContext) -> str:
+    import torch
+
+    archs = torch._C._cuda_getArchFlags().split() if torch.version.cuda else []
+    missing = [cc for cc in ctx.spec.target_gpus if not has_code_for(cc, archs)]
+    if missing:
+        raise AssertionError(f"torch has no code for CC {', '.join(missing)} (it has: {' '.join(archs) or 'none'})")
+    return f"targets {', '.join(ctx.spec.target_gpus)} covered by {' '.join(archs)}"
+
+
+def check_profile(ctx: SmokeContext) -> str:
+    overrides = verified_overrides(ctx.plan, [])
+    return f"{len(overrides)} overrides of profile {ctx.plan.profile.name} compose with verl's ppo_trainer.yaml"
+
+
+def check_gsm8k_dataset(ctx: SmokeContext) -> str:
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    tokenizer = AutoTokenizer.from_pretrained(make_tokenizer(ctx.workdir / "tokenizer", 256))
+    config = ctx.composed()
+    dataset = RLHFDataset(data_files=[str(ctx.data_dir / "train.parquet")], tokenizer=tokenizer, config=config.data)
+    item = dataset[0]
+    truth = item["reward_model"]["ground_truth"]
+    if len(dataset) != 16 or "," in truth or item["input_ids"].numel() != config.data.max_prompt_length:
+        raise AssertionError(f"unexpected dataset: {len(dataset)} rows, ground truth {truth!r}")
+    return f"{len(dataset)} rows read by verl's RLHFDataset; ground truth {truth!r}"
+
+
+def _ppo_batch(vocab_size: int, batch: int = 2, prompt: int = 8, response: int = 4) -> object:
+    import torch
+    from verl import DataProto
+
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(4, vocab_size, (batch, prompt + response), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    position_ids = torch.arange(prompt + response).expand(batch, -1).clone()
+    return DataProto.from_dict(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "responses": input_ids[:, prompt:],
+        }
+    )
+
+
+def check_actor_critic_cpu(ctx: SmokeContext) -> str:
+    """verl's own actor/critic classes on the plain modules: FSDP wrapping needs a GPU."""
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from verl.utils.model import load_valuehead_model, update_model_config
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.critic.dp_critic import DataParallelPPOCritic
+
+    config = ctx.composed()
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"file://{ctx.workdir / 'process-group'}", rank=0, world_size=1)
+    model_config = config.actor_rollout_ref.model
+    attention = model_config.override_config.attn_implementation
+    actor_config = AutoConfig.from_pretrained(model_config.path, attn_implementation=attention)
+    update_model_config(actor_config, {"pad_token_id": 0})
+    actor = AutoModelForCausalLM.from_pretrained(model_config.path, torch_dtype=torch.float32, config=actor_config)
+    critic_config = AutoConfig.from_pretrained(
+        config.critic.model.path, attn_implementation=config.critic.model.override_config.attn_implementation
+    )
+    critic_config.num_labels = 1
+    critic = load_valuehead_model(config.critic.model.path, torch.float32, critic_config, False)
+    loaded = {f"{name} {m.dtype} {m.config._attn_implementation}" for name, m in (("actor", actor), ("critic", critic))}
+    if loaded != {f"actor torch.float32 {attention}", f"critic torch.float32 {attention}"}:
+        raise AssertionError(f"models loaded as {sorted(loaded)}")
+    batch = _ppo_batch(actor_config.vocab_size).batch
+    # compute_log_prob/compute_values are wrapped in verl's GPUMemoryLogger, which reads CUDA memory
+    # counters; their per-micro-batch step is the same computation and runs on the CPU.
+    _, log_probs = DataParallelPPOActor(config.actor_rollout_ref.actor, actor)._forward_micro_batch(batch, 1.0)
+    values = DataParallelPPOCritic(config.critic, critic, None)._forward_micro_batch(batch)
+    if not (torch.isfinite(log_probs).all() and torch.isfinite(values).all()):
+        raise AssertionError("non-finite log-probs or values")
+    return (
+        f"actor log-prob mean {log_probs.mean().item():.3f}, critic value mean {values.mean().item():.3f} "
+        "(fp32 on CPU through verl's DataParallelPPOActor/Critic._forward_micro_batch: the public "
+        "compute_log_prob/compute_values read GPU memory counters, and FSDP wrapping needs a GPU)"
+    )
+
+
+def check_dry_run(ctx: SmokeContext) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "verlbox.cli", "train", "--dry-run"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=os.environ | {SPEC_VARIABLE: str(ctx.spec_file)},
+    )
+    missing = [o for o in ctx.plan.overrides if o not in result.stdout]
+    if result.returncode != 0 or "verl.trainer.main_ppo" not in result.stdout or missing:
+        raise AssertionError(result.stderr.strip() or f"dry run lacks {missing[:3]}")
+    return f"prints python -m verl.trainer.main_ppo with all {len(ctx.plan.overrides)} profile overrides"
+
+
+# ---- GPU tier -------------------------------------------------------------------------------------
+
+
+def _gpu_facts() -> preflight.GpuFacts:
+    facts = preflight.probe_gpu()
+    if not facts.devices:
+        raise Skip("no CUDA GPU visible")
+    return facts
+
+
+def _from_preflight(check: preflight.Check) -> str:
+    if not check.ok:
+        raise AssertionError(check.detail)
+    return check.detail
+
+
+def check_cuda_visible(ctx: SmokeContext) -> str:
+    return _from_preflight(preflight.check_gpu_visible(_gpu_facts(), 1))
+
+
+def check_gpu_capability(ctx: SmokeContext) -> str:
+    return _from_preflight(preflight.check_compute_capability(_gpu_facts(), ctx.spec.target_gpus))
+
+
+def check_gpu_driver(ctx: SmokeContext) -> str:
+    return _from_preflight(preflight.check_driver(_gpu_facts(), ctx.spec.cuda))
+
+
+def check_fp32_matmul(ctx: SmokeContext) -> str:
+    import torch
+
+    _gpu_facts()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a, b = torch.randn(1024, 1024, dtype=torch.float64), torch.randn(1024, 1024, dtype=torch.float64)
+    product = (a.float().cuda() @ b.float().cuda()).double().cpu()
+    error = ((product - a @ b).abs().max() / (a @ b).abs().max()).item()
+    if not error < 1e-4:
+        raise AssertionError(f"fp32 matmul relative error {error:.2e}")
+    return f"1024x1024 fp32 matmul on {torch.cuda.get_device_name()}: max relative error {error:.1e}"
+
+
+def check_apex(ctx: SmokeContext) -> str:
+    if ctx.spec.apex_commit is None:
+        raise Skip(f"recipe {ctx.spec.name} builds no Apex")
+    import torch
+    from apex.normalization import FusedLayerNorm
+
+    _gpu_facts()
+    x = torch.randn(64, 896, device="cuda")
+    layer = FusedLayerNorm(896).cuda()
+    error = (layer(x) - torch.nn.functional.layer_norm(x, (896,))).abs().max().item()
+    if not error < 1e-4:
+        raise AssertionError(f"FusedLayerNorm differs from torch by {error:.2e}")
+    return f"apex FusedLayerNorm matches torch (max error {error:.1e})"
+
+
+_LOSS = re.compile(r"(actor/pg_loss|critic/vf_loss):(\S+)")
+
+
+def check_ppo_two_steps(ctx: SmokeContext) -> str:
+    _gpu_facts()
+    overrides = [
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "critic.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+        "+actor_rollout_ref.rollout.micro_batch_size=4",
+        "data.max_prompt_length=64",
+        "data.max_response_length=16",
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+        "ray_init.num_cpus=4",
+    ]
+    env = os.environ | {
+        "VERLBOX_MODEL_DIR": str(ctx.model_dir),
+        "VERLBOX_DATA_DIR": str(ctx.data_dir),
+        "VERLBOX_CHECKPOINT_DIR": str(ctx.workdir / "checkpoints"),
+        SPEC_VARIABLE: str(ctx.spec_file),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "verlbox.cli", "train", "--", *overrides],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        timeout=900,
+    )
+    losses = [(name, float(value)) for name, value in _LOSS.findall(result.stdout)]
+    if result.returncode != 0 or len(losses) < 4:
+        tail = (result.stdout + result.stderr).strip().splitlines()[-5:]
+        raise AssertionError(f"exit {result.returncode}, {len(losses)} losses logged: {' | '.join(tail)}")
+    if not all(math.isfinite(value) for _, value in losses):
+        raise AssertionError(f"non-finite losses: {losses}")
+    return "2 PPO steps, finite losses: " + ", ".join(f"{n}={v:.4g}" for n, v in losses)
+
+
+CPU_CHECKS: list[tuple[str, Callable[[SmokeContext], str]]] = [
+    ("pins match the recipe", check_pins),
+    ("dependencies consistent", check_dependencies),
+    ("verl patch set applied", check_patches),
+    ("no flash_attn", check_no_flash_attn),
+    ("torch arch list covers targets", check_arch_list),
+    ("profile composes with verl", check_profile),
+    ("GSM8K prep + verl dataset", check_gsm8k_dataset),
+    ("actor log-prob + critic value (CPU)", check_actor_critic_cpu),
+    ("train --dry-run", check_dry_run),
+]
+GPU_CHECKS: list[tuple[str, Callable[[SmokeContext], str]]] = [
+    ("CUDA visible", check_cuda_visible),
+    ("compute capability", check_gpu_capability),
+    ("driver", check_gpu_driver),
+    ("fp32 matmul", check_fp32_matmul),
+    ("Apex fused kernels", check_apex),
+    ("2-step PPO (tiny model)", check_ppo_two_steps),
+]
+
+
+def run_smoke(spec: ImageSpec, gpu: bool) -> list[CheckResult]:
+    results = []
+    with tempfile.TemporaryDirectory(prefix="verlbox-smoke-") as workdir:
+        ctx = SmokeContext(spec, Path(workdir))
+        tiers = [("cpu", CPU_CHECKS)] + ([("gpu", GPU_CHECKS)] if gpu else [])
+        for tier, checks in tiers:
+            for name, check in checks:
+                try:
+                    results.append(CheckResult(tier, name, "passed", check(ctx)))
+                except Skip as skip:
+                    results.append(CheckResult(tier, name, "skipped", str(skip)))
+                except Exception as exc:  # a check's failure is a result to report, whatever raised it
+                    results.append(CheckResult(tier, name, "failed", f"{type(exc).__name__}: {exc}"))
+        if not gpu:
+            results.append(CheckResult("gpu", "GPU tier", "skipped", "not requested (--gpu)"))
+    return results
+
+
+def results_json(results: list[CheckResult]) -> str:
+    return json.dumps([asdict(result) for result in results], indent=2)
