@@ -47,11 +47,14 @@ RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mou
     && git fetch -q --depth 1 origin e13873debc4699d39c6861074b9a3b2a02327f92 && git checkout -q FETCH_HEAD \
     && pip install packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4 \
     && pip wheel -v --no-build-isolation --no-deps -w /wheels \
-       --config-settings "--build-option=--cpp_ext" --config-settings "--build-option=--cuda_ext" .
+       --config-settings "--build-option=--cpp_ext" --config-settings "--build-option=--cuda_ext" . \
+    && printf '{"commit": "%s"}\n' "$(git rev-parse HEAD)" >/wheels/verlbox-source.json
 
 FROM system AS final
+# the source record goes into Apex's dist-info: smoke compares the commit with the recipe's
 RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
-    pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl
+    pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \
+    && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
 # vLLM 0.8.5.post1; kernels for sm 7.0 7.5 8.0 8.6 8.9 9.0
 RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     . /tmp/verlbox/build-env.sh && pip install --extra-index-url "$VERLBOX_TORCH_INDEX_URL" https://github.com/vllm-project/vllm/releases/download/v0.8.5.post1/vllm-0.8.5.post1+cu118-cp38-abi3-manylinux1_x86_64.whl torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118

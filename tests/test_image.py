@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.utils import canonicalize_name
 
 from conftest import REPO, run_verlbox
 from verlbox.host.recipe import load_recipe
@@ -77,7 +78,7 @@ def test_labels_carry_recipe_hash_pins_and_patch_set(image: str) -> None:
     assert labels["io.verlbox.verl-patch-set.hash"] == patch_set_for("0.4.1").content_hash
     assert labels["io.verlbox.version"] == "0.1.0"
     for component, version in recipe.pins().items():
-        assert labels[f"io.verlbox.pin.{component}"] == version
+        assert labels[f"io.verlbox.pin.{canonicalize_name(component)}"] == version
 
 
 def test_inside_torch_260_verl_041_and_no_flash_attn(image: str) -> None:

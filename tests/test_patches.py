@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import py_compile
+import re
 from pathlib import Path
 
 import pytest
@@ -42,8 +44,38 @@ def test_stock_configuration_keeps_stock_behaviour(verl_tree: Path) -> None:
         if patch.id.endswith("autocast-follows-param-dtype") or patch.id.endswith("follows-rollout-dtype"):
             expression = patch.replace.split("autocast_on = ", 1)[1].split("  # verlbox", 1)[0]
             assert eval(expression, {"self": type("Stock", (), {"config": stock})()}) is True, patch.id
-    override_config: dict = {}
-    assert override_config.get("attn_implementation", "flash_attention_2") == "flash_attention_2"
+    attention_patches = [p for p in patch_set_for("0.4.1").patches if "attn_implementation=" in p.replace]
+    assert len(attention_patches) == 3
+    for patch in attention_patches:
+        expression = attn_expression(patch.replace)
+        assert "verlbox" not in expression and expression != '"flash_attention_2"', patch.id
+        assert evaluate_attention(expression, chosen=None) == "flash_attention_2", patch.id
+        assert evaluate_attention(expression, chosen="sdpa") == "sdpa", patch.id
+
+
+def attn_expression(code: str) -> str:
+    """The Python expression a patched line passes as attn_implementation= (up to its closing comma/paren)."""
+    start = code.index("attn_implementation=") + len("attn_implementation=")
+    depth = 0
+    for end in range(start, len(code)):
+        char = code[end]
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            if depth == 0:
+                return code[start:end].strip()
+            depth -= 1
+        elif char == "," and depth == 0:
+            return code[start:end].strip()
+    raise AssertionError(f"no end to the attn_implementation argument in {code!r}")
+
+
+def evaluate_attention(expression: str, chosen: str | None) -> object:
+    """Evaluate a patched expression as verl would: the user's choice in override config and model config."""
+    override = {"attn_implementation": chosen} if chosen else {}
+    model_config = type("ModelConfig", (), {"_attn_implementation": chosen})()
+    names = {"override_model_config": override, "override_config": override, "model_config": model_config}
+    return eval(expression, names)
 
 
 def test_second_run_changes_nothing_and_says_so(verl_tree: Path) -> None:
@@ -97,7 +129,32 @@ def test_code_read_keys_are_absent_from_verls_config_but_read_by_its_code(verl_t
     from verlbox.runtime.overrides import compose
 
     declared = compose(verl_config_dir, [])
-    sources = "".join(p.read_text() for p in (verl_tree / "verl").rglob("*.py"))
-    for key in patch_set_for("0.4.1").code_read_keys:
+    by_name = {path.name: path for path in (verl_tree / "verl").rglob("*.py")}
+    for key, where in patch_set_for("0.4.1").code_read_keys.items():
         assert OmegaConf.select(declared, key, default="<missing>") == "<missing>", key
-        assert f'"{key.rsplit(".", 1)[1]}"' in sources, key
+        # the files the patch set says read the key: its last part must be read there, by name
+        files = [by_name[name] for name in re.findall(r"[\w]+\.py", where)]
+        assert files, f"{key}: the patch set names no file that reads it"
+        leaf = key.rsplit(".", 1)[1]
+        reads = re.compile(rf"""["']{leaf}["']|\.{leaf}\b""")
+        assert any(reads.search(path.read_text()) for path in files), f"{key} is not read in {where}"
+
+
+def test_a_write_that_fails_midway_leaves_every_file_as_it_was(
+    verl_tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = digest(verl_tree)
+    real_replace = os.replace
+    calls = []
+
+    def fail_on_the_third(source: str, target: str) -> None:
+        calls.append(target)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", fail_on_the_third)
+    with pytest.raises(PatchError, match="nothing was changed"):
+        apply(verl_tree)
+    assert len(calls) == 3 and digest(verl_tree) == before
+    assert not list(verl_tree.rglob(".*.verlbox-patch"))

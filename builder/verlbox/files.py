@@ -36,6 +36,9 @@ def write_atomically(path: Path, text: str, mode: int | None = None) -> None:
             os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
         os.replace(temporary, path)
+    except OSError as exc:
+        Path(temporary).unlink(missing_ok=True)
+        raise UsageError(f"{path}: cannot write here ({exc.strerror or exc})") from None
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise

@@ -117,8 +117,8 @@ def check_pins(ctx: SmokeContext) -> str:
             installed[component] = found or "absent"
             ok = found.split("-", 1)[0] == pinned
         elif component == "apex":
-            installed[component] = "present" if importlib.util.find_spec("apex") else "absent"
-            ok = installed[component] == "present"  # a wheel built from source records no commit
+            installed[component] = apex_source_commit()
+            ok = installed[component] == pinned
         else:
             try:
                 installed[component] = importlib.metadata.version(component)
@@ -139,6 +139,20 @@ def check_pins(ctx: SmokeContext) -> str:
     except (AttributeError, RuntimeError):
         loads += ", no NCCL"
     return f"{len(pins)} pins match; {loads}"
+
+
+APEX_SOURCE_RECORD = "verlbox-source.json"
+
+
+def apex_source_commit() -> str:
+    """The commit the installed Apex was compiled from, as its build stage recorded it in the dist-info."""
+    try:
+        record = importlib.metadata.distribution("apex").read_text(APEX_SOURCE_RECORD)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+    if record is None:
+        return "installed without a source record"
+    return str(json.loads(record).get("commit", "unknown"))
 
 
 def check_dependencies(ctx: SmokeContext) -> str:

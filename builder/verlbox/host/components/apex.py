@@ -35,14 +35,17 @@ WORKDIR /src/apex
     && git fetch -q --depth 1 origin {{ c.commit | q }} && git checkout -q FETCH_HEAD \\
     && pip install packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4 \\
 {% if c.build_style == "env" %}
-    && APEX_CPP_EXT=1 APEX_CUDA_EXT=1 pip wheel -v --no-build-isolation --no-deps -w /wheels .
+    && APEX_CPP_EXT=1 APEX_CUDA_EXT=1 pip wheel -v --no-build-isolation --no-deps -w /wheels . \\
 {% else %}
     && pip wheel -v --no-build-isolation --no-deps -w /wheels \\
-       --config-settings "--build-option=--cpp_ext" --config-settings "--build-option=--cuda_ext" .
+       --config-settings "--build-option=--cpp_ext" --config-settings "--build-option=--cuda_ext" . \\
 {% endif %}
+    && printf '{"commit": "%s"}\\n' "$(git rev-parse HEAD)" >/wheels/verlbox-source.json
 {%- endmacro %}
 {% macro final(c, plan) -%}
+# the source record goes into Apex's dist-info: smoke compares the commit with the recipe's
 RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \\
-    pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl
+    pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \\
+    && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
 {%- endmacro %}
 """

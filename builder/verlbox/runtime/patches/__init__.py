@@ -7,6 +7,7 @@ exactly the way the build that applied it did.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
@@ -17,7 +18,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from verlbox.errors import VerlboxError
-from verlbox.files import write_atomically
 
 
 class Patch(BaseModel):
@@ -130,8 +130,7 @@ def apply(site_dir: Path) -> tuple[PatchSet, list[PatchStatus]]:
             file = status.patch.file
             text = new_texts.get(file, _read(site_dir, file))
             new_texts[file] = text.replace(status.patch.find, status.patch.replace)
-    for file, text in new_texts.items():
-        _write_patched(site_dir / file, text)
+    _replace_all({site_dir / file: text for file, text in new_texts.items()})
     return patch_set, statuses
 
 
@@ -149,8 +148,29 @@ def _read(site_dir: Path, file: str) -> str:
     return path.read_text()
 
 
-def _write_patched(path: Path, text: str) -> None:
-    write_atomically(path, text, mode=path.stat().st_mode)
-    # a stale bytecode cache must not keep running the unpatched code
-    for cached in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
-        cached.unlink()
+def _replace_all(new_texts: dict[Path, str]) -> None:
+    """Write every file or none: all new texts are staged beside their files first, then swapped in;
+    if a swap fails, the files already swapped get their old text back."""
+    originals = {path: path.read_text() for path in new_texts}
+    staged: dict[Path, Path] = {}
+    try:
+        for path, text in new_texts.items():
+            staged[path] = path.with_name(f".{path.name}.verlbox-patch")
+            staged[path].write_text(text)
+            os.chmod(staged[path], path.stat().st_mode & 0o7777)
+        done: list[Path] = []
+        try:
+            for path, temporary in staged.items():
+                os.replace(temporary, path)
+                done.append(path)
+        except OSError as exc:
+            for path in done:
+                path.write_text(originals[path])
+            raise PatchError(f"could not write {path} ({exc.strerror or exc}); nothing was changed") from None
+    finally:
+        for temporary in staged.values():
+            temporary.unlink(missing_ok=True)
+    for path in new_texts:
+        # a stale bytecode cache must not keep running the unpatched code
+        for cached in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
+            cached.unlink()

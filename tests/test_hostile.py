@@ -1,0 +1,221 @@
+"""Hostile and odd input: each is refused in one line naming the problem, with the documented exit
+code, no traceback and nothing written; values that are valid but odd reach the Dockerfile quoted."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, run_verlbox
+from verlbox.errors import BAD_INPUT, UsageError
+from verlbox.host.plan import BuildPlan
+from verlbox.host.recipe import load_recipe
+from verlbox.host.reference import parse_tag
+from verlbox.host.render import render_dockerfile
+from verlbox.runtime.overrides import OverrideError, override_int
+
+SHIPPED = REPO / "recipes"
+
+
+def child(folder: Path, changes: dict, parent: str = "p40.yaml", name: str = "hostile") -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"extends": str(SHIPPED / parent), **changes}, sort_keys=False))
+    return path
+
+
+def assert_refused(result, *needles: str, code: int = BAD_INPUT) -> None:
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("verlbox: error: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+INJECTIONS = [
+    ({"description": "fine\nRUN touch /pwned"}, "description", "control character"),
+    ({"description": "tab\there"}, "description", "control character"),
+    ({"base": {"image": "debian:bookworm-slim\nRUN touch /pwned"}}, "base.image", "control character"),
+    ({"base": {"image": "debian:bookworm-slim AS x"}}, "base.image", "may hold only"),
+    ({"base": {"digest": "sha256:abc; touch /pwned"}}, "base.digest", "pattern"),
+    ({"base": {"bootstrap": {"suite": "bookworm; touch /pwned"}}}, "base.bootstrap.suite", "pattern"),
+    ({"python": {"version": "3.10; touch /pwned"}}, "python.version", "pattern"),
+    ({"python": {"pip": "25.1.1 && touch /pwned"}}, "python.pip", "exact version"),
+    ({"cudnn": {"apt_version": "8.9.7.29-1+cuda11.8 curl"}}, "cudnn.apt_version", "Debian package version"),
+    ({"torch": {"version": "2.6.0$(touch /pwned)"}}, "torch.version", "exact version"),
+    ({"torch": {"index": "cu118 --trusted-host evil"}}, "torch.index", "pattern"),
+    ({"apex": {"repo": "https://github.com/NVIDIA/apex; touch /pwned"}}, "apex.repo", "https:// URL"),
+    ({"apex": {"repo": "https://user:token@git.example/apex"}}, "apex.repo", "credentials"),
+    ({"apex": {"repo": "http://git.example/apex"}}, "apex.repo", "https:// URL"),
+    ({"apex": {"commit": "e13873de; touch /pwned"}}, "apex.commit", "pattern"),
+    ({"apex": {"max_jobs": "4; touch /pwned"}}, "apex.max_jobs", "integer"),
+    ({"vllm": {"wheel_url": "https://x.example/v.whl`touch /pwned`"}}, "vllm.wheel_url", "https:// URL"),
+    ({"vllm": {"kernels_for": ["7.0 8.0"]}}, "vllm.kernels_for.0", "pattern"),
+    ({"verl": {"version": "0.4.1 verl-evil"}}, "verl.version", "exact version"),
+    ({"verl": {"dependencies": {"x; touch /pwned": "1.0"}}}, "verl.dependencies", "PEP 508"),
+    ({"verl": {"dependencies": {"ray[default]*": "2.47.1"}}}, "verl.dependencies", "PEP 508"),
+    ({"verl": {"dependencies": {"numpy": "1.26.4 evil"}}}, "verl.dependencies.numpy", "exact version"),
+    ({"runtime": {"requirements": {"rich": "14.0.0\nRUN x"}}}, "runtime.requirements.rich", "control character"),
+    ({"target_gpus": ["6.1; touch /pwned"]}, "target_gpus.0", "pattern"),
+    ({"target_gpus": ["5.0"]}, "target_gpus", "older than anything verlbox supports"),
+    ({"profile": "../../etc/passwd"}, "profile", "pattern"),
+    ({"name": "Evil Name"}, "name", "pattern"),
+]
+
+
+@pytest.mark.parametrize(("changes", "key", "problem"), INJECTIONS, ids=[key for _, key, _ in INJECTIONS])
+def test_every_recipe_field_refuses_what_could_escape(tmp_path: Path, changes: dict, key: str, problem: str) -> None:
+    path = child(tmp_path, changes)
+    output = tmp_path / "out" / "Dockerfile"
+    result = run_verlbox("render", str(path), "-o", str(output))
+    assert_refused(result, f"{path}: {key}", problem)
+    assert not output.exists() and not output.parent.exists()
+
+
+def test_valid_but_odd_values_reach_the_dockerfile_quoted(tmp_path: Path) -> None:
+    path = child(tmp_path, {"description": 'costs $HOME and "quotes" \\ too'})
+    text = render_dockerfile(BuildPlan(load_recipe(path)))
+    assert 'org.opencontainers.image.description="costs \\$HOME and \\"quotes\\" \\\\ too"' in text
+    assert "'ray[default]==2.47.1'" in text  # a glob pattern to the shell unless quoted
+    assert "# costs $HOME" in text.splitlines()[1]
+
+
+def test_credentials_in_a_build_time_index_url_never_reach_the_context(tmp_path: Path) -> None:
+    from verlbox.host.context import write_context
+    from verlbox.host.sources import BuildSources
+
+    plan = BuildPlan(load_recipe("p40"))
+    context = tmp_path / "context"
+    context.mkdir()
+    write_context(plan, context)
+    sources = BuildSources.from_options(
+        None, "https://user:s3cr3t-t0ken@mirror.example/simple", "https://u:t@torch.example/cu118", {}
+    )
+    arguments, environment = sources.secret_arguments()
+    assert "s3cr3t-t0ken" not in " ".join(arguments)  # buildx reads the URL from the environment, not argv
+    assert environment == {
+        "VERLBOX_SECRET_PIP_INDEX_URL": "https://user:s3cr3t-t0ken@mirror.example/simple",
+        "VERLBOX_SECRET_TORCH_INDEX_URL": "https://u:t@torch.example/cu118",
+    }
+    for file in context.rglob("*"):
+        if file.is_file():
+            assert b"s3cr3t-t0ken" not in file.read_bytes() and b"torch.example" not in file.read_bytes(), file
+
+
+def test_a_relative_path_is_the_local_file_never_the_shipped_recipe(tmp_path: Path) -> None:
+    for name in ("p40-cu124.yaml", "_verl-0.4.1.yaml"):
+        shutil.copy(SHIPPED / name, tmp_path / name)
+    local = tmp_path / "p40-cu124.yaml"
+    local.write_text(local.read_text().replace("description: P40 with", "description: LOCAL COPY P40 with"))
+    result = run_verlbox("render", "./p40-cu124.yaml", cwd=tmp_path)
+    assert result.returncode == 0 and "# LOCAL COPY P40 with" in result.stdout
+    assert load_recipe(local).lock_path == tmp_path / "p40-cu124.lock.txt"  # `verlbox lock` writes beside it
+    missing = run_verlbox("render", "./p40.yaml", cwd=tmp_path)  # shipped, but not here
+    assert_refused(missing, "./p40.yaml", "no such recipe file")
+
+
+@pytest.mark.parametrize(
+    ("argument", "problem"),
+    [
+        ("_verl-0.4.1", "no shipped recipe of that name"),
+        ("p41", "no shipped recipe of that name"),
+        ("recipes/", "no such recipe file"),
+        ("/dev/null/x.yaml", "no such recipe file"),
+    ],
+)
+def test_odd_recipe_arguments(argument: str, problem: str) -> None:
+    assert_refused(run_verlbox("render", argument), problem)
+
+
+def test_unreadable_and_non_mapping_recipe_files(tmp_path: Path) -> None:
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    assert_refused(run_verlbox("render", str(binary)), str(binary), "cannot be read")
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- a\n- b\n")
+    assert_refused(run_verlbox("render", str(listing)), "expected a mapping")
+
+
+def test_a_childs_name_is_its_own_not_its_parents(tmp_path: Path) -> None:
+    parent = tmp_path / "parent.yaml"
+    parent.write_text(yaml.safe_dump({"extends": str(SHIPPED / "p40-cu124.yaml"), "name": "parent-name"}))
+    kid = tmp_path / "kid.yaml"
+    kid.write_text(yaml.safe_dump({"extends": "parent.yaml"}))
+    recipe = load_recipe(kid)
+    assert recipe.name == "kid" and recipe.lock_path == tmp_path / "kid.lock.txt"
+
+
+@pytest.mark.parametrize("tag", ["Bad", "a b", "x:y:z", "img:tag with space", "img@sha256:" + "0" * 64, "img;rm", ""])
+def test_bad_tags_are_refused_before_any_build(tag: str) -> None:
+    # an unreachable engine proves it: had the build started, the error would be about the engine (exit 1)
+    result = run_verlbox("build", "p40-cu124", "--tag", tag, env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+    assert_refused(result, "--tag")
+
+
+@pytest.mark.parametrize(
+    ("tag", "repository", "name_tag"),
+    [
+        ("myimage", "myimage", "latest"),
+        ("localhost:5000/img", "localhost:5000/img", "latest"),
+        ("registry.example:443/a/b:v1.0", "registry.example:443/a/b", "v1.0"),
+    ],
+)
+def test_odd_but_valid_tags_split_as_docker_does(tag: str, repository: str, name_tag: str) -> None:
+    reference = parse_tag(tag)
+    assert (reference.repository, reference.tag) == (repository, name_tag)
+
+
+@pytest.mark.parametrize("value", ["24G", "-1", "0", "nan", "inf", "lots"])
+def test_a_malformed_memory_cap_is_one_line_exit_2(value: str) -> None:
+    result = run_verlbox("train", "--recipe", "p40-cu124", "--dry-run", env={"VERLBOX_GPU_MEMORY_GIB": value})
+    assert_refused(result, "VERLBOX_GPU_MEMORY_GIB", "positive number of GiB")
+    flag = run_verlbox("train", "--recipe", "p40-cu124", "--dry-run", "--gpu-memory-gib", value)
+    assert_refused(flag, "--gpu-memory-gib")
+
+
+def test_other_commands_ignore_the_memory_cap_variable() -> None:
+    assert run_verlbox("recipes", env={"VERLBOX_GPU_MEMORY_GIB": "24G"}).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("VERLBOX_TORCH_INDEX_URL", "not a url"),
+        ("VERLBOX_PIP_INDEX_URL", "ftp://x y"),
+        ("VERLBOX_APT_MIRROR", "mirror"),
+    ],
+)
+def test_malformed_source_variables(variable: str, value: str) -> None:
+    result = run_verlbox(
+        "build", "p40", "--bootstrap-base", env={variable: value, "DOCKER_HOST": "unix:///nonexistent.sock"}
+    )
+    assert_refused(result)
+
+
+def test_a_recipe_with_a_torch_index_needs_its_url_before_building() -> None:
+    env = {"VERLBOX_TORCH_INDEX_URL": "", "DOCKER_HOST": "unix:///nonexistent.sock"}
+    assert_refused(run_verlbox("build", "p40", env=env), "pytorch-cu118", "--torch-index-url")
+
+
+def test_an_interpolated_integer_override_is_named() -> None:
+    with pytest.raises(OverrideError, match=r"trainer.n_gpus_per_node=\$\{oc.env:GPUS\}: expected a whole number"):
+        override_int(["trainer.n_gpus_per_node=${oc.env:GPUS}"], "trainer.n_gpus_per_node", 1)
+    assert issubclass(OverrideError, UsageError)
+
+
+@pytest.mark.parametrize("target", ["/proc/verlbox/Dockerfile", "{tmp}"])
+def test_an_unwritable_output_is_one_line_and_nothing_is_left(tmp_path: Path, target: str) -> None:
+    output = target.format(tmp=tmp_path)  # an existing folder cannot be replaced by a file
+    result = run_verlbox("render", "p40", "-o", output)
+    assert_refused(result, output, "cannot write here")
+    assert os.listdir(tmp_path) == []
+
+
+def test_unknown_arguments_exit_2_in_one_line() -> None:
+    result = run_verlbox("build", "p40", "--no-such-flag")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("verlbox: error: unrecognized arguments")
