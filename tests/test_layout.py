@@ -40,7 +40,8 @@ def test_image_commands_load_neither_jinja_nor_docker_nor_the_host_side() -> Non
     probe = (
         "import sys; from verlbox import cli; import verlbox.runtime.commands, verlbox.runtime.train, "
         "verlbox.runtime.smoke, verlbox.runtime.preflight, verlbox.runtime.data; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jinja2', 'docker') or m.startswith('verlbox.host')))"
+        "print(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('jinja2', 'docker') or m.startswith('verlbox.host')))"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
