@@ -84,3 +84,32 @@ def run_verlbox(
         timeout=timeout,
         check=False,
     )
+
+
+IMAGE = "verlbox-test/p40-cu124:ci"
+# These machines re-sign TLS on the way out; the build trusts the host's bundle as a BuildKit secret.
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def ca_arguments() -> list[str]:
+    return ["--ca-bundle", str(HOST_CA_BUNDLE)] if HOST_CA_BUNDLE.is_file() else []
+
+
+def docker(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    if check:
+        assert result.returncode == 0, f"docker {' '.join(args)}: {result.stderr[-3000:]}"
+    return result
+
+
+@pytest.fixture(scope="session")
+def build_output(docker_engine: object) -> subprocess.CompletedProcess[str]:
+    """p40-cu124 built once per test session, FROM a debootstrapped base, as `verlbox build` does it."""
+    result = run_verlbox("build", "p40-cu124", "--bootstrap-base", "--tag", IMAGE, *ca_arguments(), timeout=3000)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return result
+
+
+@pytest.fixture(scope="session")
+def image(build_output: subprocess.CompletedProcess[str]) -> str:
+    return IMAGE

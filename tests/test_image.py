@@ -13,38 +13,11 @@ import pytest
 import yaml
 from packaging.utils import canonicalize_name
 
-from conftest import REPO, run_verlbox
+from conftest import HOST_CA_BUNDLE, IMAGE, REPO, ca_arguments, docker, run_verlbox
 from verlbox.host.recipe import load_recipe
 from verlbox.runtime.patches import patch_set_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-
-IMAGE = "verlbox-test/p40-cu124:ci"
-# These machines re-sign TLS on the way out; the build trusts the host's bundle as a BuildKit secret.
-HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-
-
-def ca_arguments() -> list[str]:
-    return ["--ca-bundle", str(HOST_CA_BUNDLE)] if HOST_CA_BUNDLE.is_file() else []
-
-
-def docker(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
-    if check:
-        assert result.returncode == 0, f"docker {' '.join(args)}: {result.stderr[-3000:]}"
-    return result
-
-
-@pytest.fixture(scope="module")
-def build_output(docker_engine: object) -> subprocess.CompletedProcess[str]:
-    result = run_verlbox("build", "p40-cu124", "--bootstrap-base", "--tag", IMAGE, *ca_arguments(), timeout=3000)
-    assert result.returncode == 0, result.stderr[-5000:]
-    return result
-
-
-@pytest.fixture(scope="module")
-def image(build_output: subprocess.CompletedProcess[str]) -> str:
-    return IMAGE
 
 
 def derived_image(tmp_path: Path, tag: str, dockerfile: str, files: dict[str, Path] | None = None) -> str:

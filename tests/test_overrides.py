@@ -31,7 +31,7 @@ def test_the_p40_profile_composes_with_verls_config(p40_plan: TrainingPlan, verl
     assert (rollout.name, rollout.dtype, rollout.micro_batch_size, rollout.tensor_model_parallel_size) == (
         "hf",
         "float32",
-        16,
+        64,
         1,
     )
     assert actor.fsdp_config.mixed_precision.param_dtype == "fp32" and actor.use_torch_compile is False
@@ -39,7 +39,9 @@ def test_the_p40_profile_composes_with_verls_config(p40_plan: TrainingPlan, verl
     assert critic.model.fsdp_config.param_offload and critic.model.fsdp_config.optimizer_offload
     assert config.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
     assert critic.model.override_config.attn_implementation == "sdpa"
-    assert config.data.train_batch_size == 16 and config.data.val_files.endswith("validation.parquet")
+    assert config.data.train_batch_size == 64 and config.data.val_files.endswith("validation.parquet")
+    assert actor.ppo_mini_batch_size == 16 and actor.ppo_micro_batch_size_per_gpu == 4
+    assert (config.trainer.n_gpus_per_node, config.trainer.nnodes) == (1, 1)
     assert config.trainer.resume_mode == "auto" and config.trainer.default_local_dir.startswith("/checkpoints/")
     assert config.trainer.save_freq > 0 and config.trainer.test_freq > 0
     assert not config.algorithm.use_kl_in_reward and not actor.use_kl_loss

@@ -56,6 +56,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(BAD_INPUT, f"verlbox: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def _add_build_sources(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--ca-bundle", help="extra CA bundle to trust while building (a BuildKit secret, never a layer)")
     sub.add_argument("--pip-index-url", help="pip index for this build only (default: $VERLBOX_PIP_INDEX_URL)")
@@ -85,7 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build.add_argument(
         "--apt-mirror",
-        help="Debian mirror for --bootstrap-base (default: $VERLBOX_APT_MIRROR, else the host's apt sources)",
+        help="Debian mirror for --bootstrap-base and Debian toolkits (default: $VERLBOX_APT_MIRROR, else the "
+        "host's apt sources for the base, the base's own sources in the build)",
+    )
+    build.add_argument(
+        "--sources", help="folder of pinned source archives (default: $VERLBOX_SOURCES, else ~/.cache/verlbox/sources)"
     )
     _add_build_sources(build)
     build.add_argument("--no-cache", action="store_true")
@@ -93,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub["overrides"].add_argument("recipe", help=RECIPE_HELP)
     sub["overrides"].add_argument("extra", nargs="*", help="user overrides to merge and check, as train takes them")
+    for name in ("overrides", "train"):
+        sub[name].add_argument(
+            "--gpus-per-node", type=_positive, help="GPUs per node (default: those visible, or the Ray cluster's)"
+        )
+        sub[name].add_argument(
+            "--nodes", type=_positive, help="nodes (default: 1, or the Ray cluster's at RAY_ADDRESS)"
+        )
 
     for name in ("lock", "smoke"):
         sub[name].add_argument("recipe", help=RECIPE_HELP)

@@ -112,7 +112,7 @@ def build_image(
     reporter = _StepReporter(console, verbose=progress == "plain")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="verlbox-context-") as context:
-        write_context(plan, Path(context))
+        write_context(plan, Path(context), sources)
         command = [
             docker_cli,
             "buildx",

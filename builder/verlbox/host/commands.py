@@ -76,14 +76,22 @@ def build(args: argparse.Namespace) -> int:
     from verlbox.host.sources import BuildSources
 
     recipe = load_recipe(args.recipe)
-    sources = BuildSources.from_options(args.ca_bundle, args.pip_index_url, args.torch_index_url)
+    sources = BuildSources.from_options(
+        args.ca_bundle,
+        args.pip_index_url,
+        args.torch_index_url,
+        apt_mirror=args.apt_mirror,
+        archives=args.sources,
+    )
     sources.require_torch_index(recipe.name, recipe.torch.index)
+    if recipe.apex:
+        sources.archive(recipe.apex.archive_name, recipe.apex.archive_sha256)
     check_tags(args.tag or [])
     base_override = args.base_image
     if args.bootstrap_base:
         if recipe.base.bootstrap is None:
             raise UsageError(f"recipe {recipe.name} says nothing under base.bootstrap: it has no local base")
-        mirror = choose_mirror(args.apt_mirror)
+        mirror = choose_mirror(sources.apt_mirror)
         base_override = ensure_bootstrapped_base(client(), recipe.base.bootstrap, mirror, err)
     plan = BuildPlan(recipe, base_override=base_override)
     result = build_image(
@@ -138,10 +146,11 @@ def smoke(args: argparse.Namespace) -> int:
 
 def overrides(args: argparse.Namespace) -> int:
     from verlbox.runtime.overrides import installed_verl_config_dir
-    from verlbox.runtime.profile import TrainingPlan
+    from verlbox.runtime.profile import Topology, TrainingPlan
     from verlbox.runtime.train import verified_overrides
 
-    plan = TrainingPlan(load_recipe(args.recipe).image_spec())
+    topology = Topology(args.gpus_per_node or 1, args.nodes or 1, "given")
+    plan = TrainingPlan(load_recipe(args.recipe).image_spec(), topology=topology)
     if installed_verl_config_dir() is None:
         err.print(
             "note: verl is not installed here, so these were not checked against its config "

@@ -14,6 +14,7 @@ from pathlib import Path
 from verlbox import paths
 from verlbox.host.plan import BuildPlan
 from verlbox.host.render import render_dockerfile
+from verlbox.host.sources import BuildSources
 
 _IMAGE_PYPROJECT = """\
 # verlbox inside an image: the runtime only needs what the image's runtime step installed.
@@ -37,7 +38,7 @@ include = ["verlbox*"]
 """
 
 
-def write_context(plan: BuildPlan, directory: Path) -> Path:
+def write_context(plan: BuildPlan, directory: Path, sources: BuildSources | None = None) -> Path:
     (directory / "Dockerfile").write_text(render_dockerfile(plan))
     (directory / "build-env.sh").write_text(
         resources.files("verlbox.host").joinpath("templates", "build-env.sh").read_text()
@@ -45,6 +46,14 @@ def write_context(plan: BuildPlan, directory: Path) -> Path:
     if plan.lock_text:
         (directory / "constraints.txt").write_text(plan.lock_text)
     (directory / "image-spec.json").write_text(plan.recipe.image_spec().model_dump_json(indent=2) + "\n")
+    if plan.apex:
+        # Apex's own folder: its cache key is the plan, the build script and the archive, nothing else
+        apex = directory / "apex"
+        apex.mkdir()
+        (apex / "plan.json").write_text(plan.apex.build_plan_json(plan.cuda_arch_list))
+        shutil.copy2(paths.PACKAGE_DIR / "runtime" / "apex_build.py", apex / "apex_build.py")
+        archive = (sources or BuildSources()).archive(plan.apex.archive_name, plan.apex.archive_sha256)
+        shutil.copyfile(archive, apex / plan.apex.archive_name)
     source = directory / "verlbox-src"
     source.mkdir()
     (source / "pyproject.toml").write_text(_IMAGE_PYPROJECT.format(version=plan.verlbox_version))

@@ -10,7 +10,7 @@ from typing import Literal
 from packaging.utils import canonicalize_name
 
 from verlbox import __version__
-from verlbox.host.components import Component
+from verlbox.host.components import Apex, Component
 from verlbox.host.recipe import RecipeHead
 from verlbox.runtime.patches import patch_set_for
 
@@ -70,12 +70,16 @@ class BuildPlan:
     @property
     def build_secrets(self) -> list[str]:
         """BuildKit secrets every installing RUN may read (each optional; none is ever written to a layer)."""
-        return ["ca_bundle", "pip_index_url"] + (["torch_index_url"] if self.torch_index else [])
+        return ["ca_bundle", "pip_index_url", "apt_mirror"] + (["torch_index_url"] if self.torch_index else [])
 
     @property
     def torch_extra_index(self) -> str:
         """Later pip installs see torch's own index too, so that the pinned torch stays resolvable."""
         return '--extra-index-url "$VERLBOX_TORCH_INDEX_URL" ' if self.torch_index else ""
+
+    @property
+    def apex(self) -> Apex | None:
+        return self.recipe.apex  # type: ignore[attr-defined]
 
     @cached_property
     def lock_text(self) -> str | None:

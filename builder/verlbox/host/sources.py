@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from verlbox.errors import UsageError
+from verlbox.runtime.apex_build import file_sha256
 
 _INDEX_URL = re.compile(r"(https?|file)://\S+")
 
@@ -26,11 +27,20 @@ def _index_url(value: str | None, option: str) -> str | None:
     return value
 
 
+def default_archive_dir(environ: Mapping[str, str]) -> Path:
+    if environ.get("VERLBOX_SOURCES"):
+        return Path(environ["VERLBOX_SOURCES"])
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "verlbox" / "sources"
+
+
 @dataclass(frozen=True)
 class BuildSources:
     ca_bundle: Path | None = None
     pip_index_url: str | None = None
     torch_index_url: str | None = None
+    apt_mirror: str | None = None
+    # where source archives (Apex's) are looked up by name; each is checked against its pinned sha256
+    archives: Path = field(default_factory=lambda: default_archive_dir(os.environ))
 
     @classmethod
     def from_options(
@@ -39,6 +49,8 @@ class BuildSources:
         pip_index_url: str | None,
         torch_index_url: str | None,
         environ: Mapping[str, str] = os.environ,
+        apt_mirror: str | None = None,
+        archives: str | None = None,
     ) -> BuildSources:
         bundle = Path(ca_bundle) if ca_bundle else None
         if bundle is not None and not bundle.is_file():
@@ -47,6 +59,8 @@ class BuildSources:
             bundle.resolve() if bundle else None,
             _index_url(pip_index_url or environ.get("VERLBOX_PIP_INDEX_URL"), "--pip-index-url"),
             _index_url(torch_index_url or environ.get("VERLBOX_TORCH_INDEX_URL"), "--torch-index-url"),
+            _index_url(apt_mirror or environ.get("VERLBOX_APT_MIRROR"), "--apt-mirror"),
+            Path(archives) if archives else default_archive_dir(environ),
         )
 
     def require_torch_index(self, recipe_name: str, index: str | None) -> None:
@@ -56,13 +70,31 @@ class BuildSources:
                 "--torch-index-url or VERLBOX_TORCH_INDEX_URL (used for this build only, never kept in the image)"
             )
 
+    def archive(self, name: str, sha256: str) -> Path:
+        """A pinned source archive, checked before any build starts."""
+        path = self.archives / name
+        if not path.is_file():
+            raise UsageError(
+                f"{path}: missing. The build needs this archive (sha256 {sha256}); put it in that folder or "
+                "point --sources / VERLBOX_SOURCES at one that has it (a bundle carries it too)"
+            )
+        found = file_sha256(path)
+        if found != sha256:
+            raise UsageError(f"{path}: sha256 {found}, but the recipe pins {sha256}: refusing other source bytes")
+        return path
+
     def secret_arguments(self) -> tuple[list[str], dict[str, str]]:
         """buildx --secret arguments and the environment variables they read from."""
         arguments: list[str] = []
         environment: dict[str, str] = {}
         if self.ca_bundle:
             arguments += ["--secret", f"id=ca_bundle,src={self.ca_bundle}"]
-        for secret, value in (("pip_index_url", self.pip_index_url), ("torch_index_url", self.torch_index_url)):
+        urls = (
+            ("pip_index_url", self.pip_index_url),
+            ("torch_index_url", self.torch_index_url),
+            ("apt_mirror", self.apt_mirror),
+        )
+        for secret, value in urls:
             if value:
                 variable = f"VERLBOX_SECRET_{secret.upper()}"
                 arguments += ["--secret", f"id={secret},env={variable}"]

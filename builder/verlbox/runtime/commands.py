@@ -34,7 +34,15 @@ def train(args: argparse.Namespace) -> int:
     gib = (
         parse_gib(args.gpu_memory_gib, "--gpu-memory-gib") if args.gpu_memory_gib else gib_from_environment(os.environ)
     )
-    return run_training(spec, args.overrides, dry_run=args.dry_run, gpu_memory_gib=gib, console=err)
+    return run_training(
+        spec,
+        args.overrides,
+        dry_run=args.dry_run,
+        gpu_memory_gib=gib,
+        console=err,
+        gpus_per_node=args.gpus_per_node,
+        nodes=args.nodes,
+    )
 
 
 def prepare_data(args: argparse.Namespace) -> int:

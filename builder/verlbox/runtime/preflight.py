@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,3 +210,112 @@ DEAD_VARIABLES = {
 
 def dead_variables(environ: dict[str, str]) -> list[str]:
     return [f"{name} is set but {why}" for name, why in DEAD_VARIABLES.items() if name in environ]
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What one Ray node reported about itself (cluster.probe_nodes gathers these on every node)."""
+
+    name: str  # hostname and IP, as the user would look for the machine
+    gpu: GpuFacts | None = None
+    recipe_hash: str | None = None  # of the verlbox image the node runs; None outside one
+    marker: str | None = None  # what the node read from the head's marker file; None: not there
+    missing: tuple[str, ...] = ()  # model and data paths the node does not have
+    error: str | None = None  # the probe itself failed there
+
+
+def _per_node(name: str, nodes: list[NodeFacts], check: Callable[[NodeFacts], Check], ok_detail: str) -> Check:
+    """One check over every node: one sentence naming each node that fails it."""
+    failures = [f"{node.name}: {result.detail}" for node in nodes if not (result := check(node)).ok]
+    return Check(name, not failures, "; ".join(failures) if failures else ok_detail)
+
+
+def check_cluster_probe(nodes: list[NodeFacts]) -> Check:
+    failed = [f"{node.name} ({node.error})" for node in nodes if node.error]
+    if failed:
+        return Check(
+            "cluster probe",
+            False,
+            f"verlbox's probe failed on {', '.join(failed)}: start every node from the same verlbox image",
+        )
+    return Check("cluster probe", True, f"{len(nodes)} node(s) answered")
+
+
+def check_cluster_gpus(nodes: list[NodeFacts], gpus_per_node: int, nnodes: int) -> Check:
+    """verl places n_gpus_per_node workers on each of nnodes nodes, so enough nodes need that many GPUs."""
+    counts = {node.name: len(node.gpu.devices) if node.gpu else 0 for node in nodes}
+    fit = [name for name, count in counts.items() if count >= gpus_per_node]
+    seen = ", ".join(f"{name} {count}" for name, count in counts.items())
+    if len(fit) >= nnodes:
+        return Check("cluster GPUs", True, f"{nnodes} x {gpus_per_node} GPU(s) needed; GPUs per node: {seen}")
+    return Check(
+        "cluster GPUs",
+        False,
+        f"training needs {nnodes} node(s) with {gpus_per_node} GPU(s) each but the Ray cluster has "
+        f"{len(fit)} (GPUs per node: {seen}): start ray-worker on the other hosts, or pass --nodes/--gpus-per-node",
+    )
+
+
+def check_cluster_compute_capability(nodes: list[NodeFacts], targets: list[str]) -> Check:
+    with_gpus = [node for node in nodes if node.gpu and node.gpu.devices]
+    return _per_node(
+        "cluster compute capability",
+        with_gpus,
+        lambda node: check_compute_capability(node.gpu, targets),  # type: ignore[arg-type]
+        f"every GPU of {len(with_gpus)} node(s) runs this image's code (targets {', '.join(targets)})",
+    )
+
+
+def check_cluster_driver(nodes: list[NodeFacts], image_cuda: str) -> Check:
+    with_gpus = [node for node in nodes if node.gpu and node.gpu.devices]
+    return _per_node(
+        "cluster driver",
+        with_gpus,
+        lambda node: check_driver(node.gpu, image_cuda),  # type: ignore[arg-type]
+        f"every node's driver runs CUDA {image_cuda}",
+    )
+
+
+def check_cluster_memory(nodes: list[NodeFacts], min_gib: float) -> Check:
+    with_gpus = [node for node in nodes if node.gpu and node.gpu.devices]
+    return _per_node(
+        "cluster GPU memory",
+        with_gpus,
+        lambda node: check_memory(node.gpu, min_gib),  # type: ignore[arg-type]
+        f"every GPU has {min_gib:g} GiB free",
+    )
+
+
+def check_same_image(nodes: list[NodeFacts], recipe_hash: str) -> Check:
+    others = [
+        f"{node.name} ({node.recipe_hash or 'no verlbox image'})" for node in nodes if node.recipe_hash != recipe_hash
+    ]
+    if others:
+        return Check(
+            "same image",
+            False,
+            f"the head runs recipe hash {recipe_hash[:12]} but {', '.join(others)} differ: "
+            "start every node from the same image (VERLBOX_IMAGE in each host's .env)",
+        )
+    return Check("same image", True, f"every node runs recipe hash {recipe_hash[:12]}")
+
+
+def check_shared_checkpoints(nodes: list[NodeFacts], folder: str, token: str) -> Check:
+    """verl's ranks each save a shard into one folder and read them all back to resume: it must be shared."""
+    blind = [node.name for node in nodes if node.marker != token]
+    if blind:
+        return Check(
+            "shared checkpoints",
+            False,
+            f"{', '.join(blind)} cannot see the file the head wrote into {folder}: mount one shared folder "
+            "(NFS, say) at the same path on every host (VERLBOX_CHECKPOINTS)",
+        )
+    return Check("shared checkpoints", True, f"{folder} is the same folder on {len(nodes)} node(s)")
+
+
+def check_node_files(nodes: list[NodeFacts]) -> Check:
+    """verl's trainer and workers may land on any node and read the model and data there."""
+    lacking = [f"{node.name} lacks {', '.join(node.missing)}" for node in nodes if node.missing]
+    if lacking:
+        return Check("node files", False, "; ".join(lacking) + ": copy or mount them at the same path on every host")
+    return Check("node files", True, "model and data are present on every node")

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
+from typing import Any
 
 import yaml
 from packaging.version import Version
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from verlbox.errors import VerlboxError
 from verlbox.runtime.gpu import GpuCapability, capability_for, rollout_backend
@@ -30,8 +34,26 @@ class Profile(BaseModel):
     description: str
     min_gpu_memory_gib: float
     defaults: dict[str, str]
+    # sizes verl takes as global (for all GPUs together), given here for one GPU
+    per_gpu: dict[str, PositiveInt]
     environment: dict[str, str]
     overrides: list[str]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How many GPUs a run uses: verl's trainer.n_gpus_per_node and trainer.nnodes."""
+
+    gpus_per_node: int = 1
+    nodes: int = 1
+    source: str = "default"
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    def describe(self) -> str:
+        return f"{self.nodes} node(s) x {self.gpus_per_node} GPU(s) ({self.source})"
 
 
 def load_profile(name: str) -> Profile:
@@ -44,10 +66,13 @@ def load_profile(name: str) -> Profile:
 class TrainingPlan:
     """A recipe's profile rendered for one environment: the exact overrides and variables of a run."""
 
-    def __init__(self, spec: ImageSpec, environ: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, spec: ImageSpec, environ: dict[str, str] | None = None, topology: Topology | None = None
+    ) -> None:
         self.spec = spec
         self.profile = load_profile(spec.profile)
         self.environ = dict(os.environ if environ is None else environ)
+        self.topology = topology or Topology()
 
     @cached_property
     def oldest_target(self) -> str:
@@ -75,7 +100,16 @@ class TrainingPlan:
             "torch_compile": str(capability.torch_compile),
             "rollout": self.rollout,
         }
-        return values
+        return values | self.scaled_sizes
+
+    @cached_property
+    def scaled_sizes(self) -> dict[str, str]:
+        topology = self.topology
+        sizes = {"n_gpus_per_node": str(topology.gpus_per_node), "nnodes": str(topology.nodes)}
+        for name, per_gpu in self.profile.per_gpu.items():
+            sizes[name] = str(per_gpu * topology.world_size)
+            sizes[f"{name}_per_gpu"] = str(per_gpu)
+        return sizes
 
     @cached_property
     def overrides(self) -> list[str]:
@@ -84,3 +118,28 @@ class TrainingPlan:
     @property
     def environment(self) -> dict[str, str]:
         return dict(self.profile.environment)
+
+
+def batch_problems(get: Callable[[str], Any], world_size: int) -> list[str]:
+    """What verl 0.4.1 would assert about batch sizes minutes into a run (ray_trainer._validate_config and
+    the FSDP workers' normalisation), as sentences now. `get` reads a key of the composed config."""
+    train, samples = get("data.train_batch_size"), get("actor_rollout_ref.rollout.n") or 1
+    problems = []
+    if (train * samples) % world_size:
+        problems.append(
+            f"data.train_batch_size={train} (x rollout.n={samples}) does not divide among {world_size} GPUs: "
+            f"use a multiple of {world_size}"
+        )
+    for role, section in (("actor", "actor_rollout_ref.actor"), ("critic", "critic")):
+        if get(f"{section}.use_dynamic_bsz"):
+            continue
+        mini, micro = get(f"{section}.ppo_mini_batch_size"), get(f"{section}.ppo_micro_batch_size_per_gpu")
+        step = (micro or 1) * world_size  # every GPU gets whole micro batches of every mini batch
+        if mini > train:
+            problems.append(f"{section}.ppo_mini_batch_size={mini} is larger than data.train_batch_size={train}")
+        elif (mini * samples) % step:
+            problems.append(
+                f"{section}.ppo_mini_batch_size={mini} does not give each of {world_size} GPU(s) whole micro "
+                f"batches of {micro} per {role} update: use a multiple of {step // math.gcd(samples, step)}"
+            )
+    return problems

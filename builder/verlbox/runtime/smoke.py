@@ -24,6 +24,8 @@ from pathlib import Path
 from packaging.version import Version
 
 from verlbox.runtime import preflight
+from verlbox.runtime.apex_build import SOURCE_RECORD, fatbin_architectures
+from verlbox.runtime.apex_facts import ApexFacts, apex_facts
 from verlbox.runtime.data import prepare_gsm8k
 from verlbox.runtime.fixtures import make_gsm8k_jsonl, make_model, make_tokenizer
 from verlbox.runtime.gpu import has_code_for
@@ -141,18 +143,61 @@ def check_pins(ctx: SmokeContext) -> str:
     return f"{len(pins)} pins match; {loads}"
 
 
-APEX_SOURCE_RECORD = "verlbox-source.json"
-
-
 def apex_source_commit() -> str:
     """The commit the installed Apex was compiled from, as its build stage recorded it in the dist-info."""
     try:
-        record = importlib.metadata.distribution("apex").read_text(APEX_SOURCE_RECORD)
+        record = importlib.metadata.distribution("apex").read_text(SOURCE_RECORD)
     except importlib.metadata.PackageNotFoundError:
         return "absent"
     if record is None:
         return "installed without a source record"
     return str(json.loads(record).get("commit", "unknown"))
+
+
+def _apex_facts(ctx: SmokeContext) -> ApexFacts:
+    if ctx.spec.apex_commit is None:
+        raise Skip(f"recipe {ctx.spec.name} builds no Apex")
+    return apex_facts(ctx.spec.apex_commit)
+
+
+def check_apex_extensions(ctx: SmokeContext) -> str:
+    facts = _apex_facts(ctx)
+    import torch  # noqa: F401  (the extensions link against torch's libraries)
+
+    importlib.import_module("apex")
+    broken = []
+    for name in facts.extensions:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            broken.append(f"{name} ({exc})")
+    if broken:
+        raise AssertionError("Apex extension modules that do not load: " + "; ".join(broken))
+    return f"apex and its {len(facts.extensions)} extension modules load (built with --cpp_ext --cuda_ext)"
+
+
+def check_apex_machine_code(ctx: SmokeContext) -> str:
+    """Read each CUDA extension's fatbin: machine code (SASS) for every target GPU, or a named exception."""
+    facts = _apex_facts(ctx)
+    missing, excepted, seen = [], [], set()
+    for name in facts.cuda_extensions:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            missing.append(f"{name}: not installed")
+            continue
+        sass = fatbin_architectures(Path(spec.origin))["sass"]
+        seen.update(sass)
+        lacking = [cc for cc in ctx.spec.target_gpus if not has_code_for(cc, sass)]
+        if lacking and name in facts.fixed_architectures:
+            excepted.append(f"{name} has {' '.join(sass) or 'no SASS'} ({facts.fixed_architectures[name]})")
+        elif lacking:
+            missing.append(f"{name}: no machine code for {', '.join(lacking)} (has {' '.join(sass) or 'none'})")
+    if missing:
+        raise AssertionError("; ".join(missing))
+    detail = (
+        f"{len(facts.cuda_extensions) - len(excepted)} CUDA extensions hold SASS for {', '.join(ctx.spec.target_gpus)}"
+    )
+    return detail + (f"; exception: {'; '.join(excepted)}" if excepted else "")
 
 
 def check_dependencies(ctx: SmokeContext) -> str:
@@ -390,6 +435,8 @@ def check_ppo_two_steps(ctx: SmokeContext) -> str:
 CPU_CHECKS: list[tuple[str, Callable[[SmokeContext], str]]] = [
     ("pins match the recipe", check_pins),
     ("dependencies consistent", check_dependencies),
+    ("Apex extensions load", check_apex_extensions),
+    ("Apex machine code for targets", check_apex_machine_code),
     ("verl patch set applied", check_patches),
     ("no flash_attn", check_no_flash_attn),
     ("torch arch list covers targets", check_arch_list),

@@ -11,16 +11,24 @@ from pathlib import Path
 
 from rich.console import Console
 
-from verlbox.errors import PreflightFailed, VerlboxError
-from verlbox.runtime import preflight
+from verlbox.errors import PreflightFailed, UsageError, VerlboxError
+from verlbox.runtime import cluster, preflight
 from verlbox.runtime.data import prepare_gsm8k
 from verlbox.runtime.memory_cap import SITECUSTOMIZE_DIR
-from verlbox.runtime.overrides import Override, check_overrides, installed_verl_config_dir, override_int, override_value
+from verlbox.runtime.overrides import (
+    Override,
+    OverrideError,
+    check_overrides,
+    installed_verl_config_dir,
+    override_int,
+    override_value,
+)
 from verlbox.runtime.patches import patch_set_for
-from verlbox.runtime.profile import TrainingPlan
+from verlbox.runtime.profile import Topology, TrainingPlan, batch_problems
 from verlbox.runtime.spec import ImageSpec
 
 DEFAULT_RAW_GSM8K = "/data/gsm8k-raw"
+DATA_KEYS = ("data.train_files", "data.val_files")
 
 
 def merge_overrides(profile: list[str], user: list[str]) -> list[str]:
@@ -44,7 +52,7 @@ def verified_overrides(plan: TrainingPlan, user: list[str]) -> list[str]:
     config_dir = installed_verl_config_dir()
     if config_dir is None:
         raise VerlboxError("verl is not installed here, so the overrides cannot be checked against its config")
-    check_overrides(
+    config = check_overrides(
         overrides,
         config_dir,
         patch_set_for(plan.spec.verl),
@@ -52,7 +60,51 @@ def verified_overrides(plan: TrainingPlan, user: list[str]) -> list[str]:
         flash_attn_installed=importlib.util.find_spec("flash_attn") is not None,
         vllm_kernels_for=plan.spec.vllm_kernels_for,
     )
+    from omegaconf import OmegaConf
+
+    world_size = OmegaConf.select(config, "trainer.n_gpus_per_node") * OmegaConf.select(config, "trainer.nnodes")
+    problems = batch_problems(lambda key: OmegaConf.select(config, key, default=None), world_size)
+    if problems:
+        raise OverrideError("\n".join(problems))
     return overrides
+
+
+def visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def resolve_topology(
+    gpus_per_node: int | None, nodes: int | None, user: list[str], environ: dict[str, str], console: Console
+) -> Topology:
+    """Flags (or the user's trainer.* overrides) win; else the Ray cluster at RAY_ADDRESS, else this machine."""
+    gpus_per_node = gpus_per_node or _user_int(user, "trainer.n_gpus_per_node")
+    nodes = nodes or _user_int(user, "trainer.nnodes")
+    address = environ.get("RAY_ADDRESS")
+    if not address and (nodes or 1) > 1:
+        raise UsageError(f"{nodes} nodes need a Ray cluster: set RAY_ADDRESS to its head (docs/cluster.md)")
+    if gpus_per_node and (nodes or not address):
+        return Topology(gpus_per_node, nodes or 1, "given")
+    if address:
+        if nodes:
+            cluster.wait_for_nodes(nodes, float(environ.get("VERLBOX_CLUSTER_WAIT_S", "600")), console)
+        found = cluster.cluster_topology(address)
+    else:
+        count = visible_gpus()
+        found = Topology(max(count, 1), 1, f"{count} GPU(s) visible here")
+    if gpus_per_node or nodes:
+        return Topology(
+            gpus_per_node or found.gpus_per_node, nodes or found.nodes, f"given; the rest from {found.source}"
+        )
+    return found
+
+
+def _user_int(user: list[str], key: str) -> int | None:
+    value = override_int(user, key, 0)
+    if value < 0:
+        raise OverrideError(f"{key}={value}: expected a positive number")
+    return value or None
 
 
 def train_environment(plan: TrainingPlan, environ: dict[str, str], gpu_memory_gib: float | None) -> dict[str, str]:
@@ -68,7 +120,7 @@ def train_command(overrides: list[str]) -> list[str]:
 
 
 def ensure_data(overrides: list[str], environ: dict[str, str], console: Console) -> preflight.Check:
-    files = [Path(v) for key in ("data.train_files", "data.val_files") if (v := override_value(overrides, key))]
+    files = [Path(v) for key in DATA_KEYS if (v := override_value(overrides, key))]
     if all(path.is_file() for path in files):
         return preflight.Check("data", True, ", ".join(map(str, files)))
     raw = Path(environ.get("VERLBOX_GSM8K_SOURCE", DEFAULT_RAW_GSM8K))
@@ -93,9 +145,8 @@ def ensure_data(overrides: list[str], environ: dict[str, str], console: Console)
 def run_preflight(
     plan: TrainingPlan, overrides: list[str], environ: dict[str, str], facts: preflight.GpuFacts, console: Console
 ) -> list[preflight.Check]:
-    gpus = override_int(overrides, "trainer.n_gpus_per_node", 1)
     checks = [
-        preflight.check_gpu_visible(facts, gpus),
+        preflight.check_gpu_visible(facts, plan.topology.gpus_per_node),
         preflight.check_compute_capability(facts, plan.spec.target_gpus),
         preflight.check_driver(facts, plan.spec.cuda),
         preflight.check_memory(facts, plan.profile.min_gpu_memory_gib),
@@ -108,29 +159,89 @@ def run_preflight(
     return checks
 
 
+def run_cluster_preflight(
+    plan: TrainingPlan, overrides: list[str], environ: dict[str, str], memory_cap_gib: float | None, console: Console
+) -> list[preflight.Check]:
+    """The head's own checks, then every node's facts, gathered by one Ray task on each."""
+    topology, spec = plan.topology, plan.spec
+    checks = [preflight.check_shared_memory(), ensure_data(overrides, environ, console)]
+    paths = [override_value(overrides, key) or "" for key in ("actor_rollout_ref.model.path", *DATA_KEYS)]
+    folder = Path(override_value(overrides, "trainer.default_local_dir") or "")
+    try:
+        with cluster.marker_in(folder) as (marker, token):
+            nodes = cluster.probe_nodes(marker, paths, memory_cap_gib)
+    except OSError as exc:
+        return [*checks, preflight.Check("shared checkpoints", False, f"the head cannot write to {folder}: {exc}")]
+    answered = [node for node in nodes if not node.error]
+    return [
+        *checks,
+        preflight.check_cluster_probe(nodes),
+        preflight.check_cluster_gpus(answered, topology.gpus_per_node, topology.nodes),
+        preflight.check_cluster_compute_capability(answered, spec.target_gpus),
+        preflight.check_cluster_driver(answered, spec.cuda),
+        preflight.check_cluster_memory(answered, plan.profile.min_gpu_memory_gib),
+        preflight.check_same_image(answered, spec.recipe_hash),
+        preflight.check_shared_checkpoints(answered, str(folder), token),
+        preflight.check_node_files(answered),
+    ]
+
+
 def train(
-    spec: ImageSpec, user_overrides: list[str], *, dry_run: bool, gpu_memory_gib: float | None, console: Console
+    spec: ImageSpec,
+    user_overrides: list[str],
+    *,
+    dry_run: bool,
+    gpu_memory_gib: float | None,
+    console: Console,
+    gpus_per_node: int | None = None,
+    nodes: int | None = None,
 ) -> int:
     environ = dict(os.environ)
-    plan = TrainingPlan(spec, environ)
-    overrides = verified_overrides(plan, user_overrides)
-    env = train_environment(plan, environ, gpu_memory_gib)
-    command = train_command(overrides)
-    if dry_run:
-        changed = {k: v for k, v in env.items() if environ.get(k) != v}
-        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(changed.items()))
-        print(" \\\n    ".join([f"{prefix} {shlex.join(command[:3])}".strip(), *map(shlex.quote, command[3:])]))
-        return 0
-    for warning in preflight.dead_variables(environ):
-        console.print(f"note: {warning}")
-    facts = preflight.probe_gpu()
-    if gpu_memory_gib:
-        facts = dataclasses.replace(facts, memory_cap_gib=gpu_memory_gib)
-    checks = run_preflight(plan, overrides, environ, facts, console)
+    address = environ.get("RAY_ADDRESS")
+    if address:
+        cluster.connect(address)
+    try:
+        topology = resolve_topology(gpus_per_node, nodes, user_overrides, environ, console)
+        plan = TrainingPlan(spec, environ, topology)
+        overrides = verified_overrides(plan, user_overrides)
+        console.print(f"training on {topology.describe()}: {topology.world_size} GPU(s)")
+        if dry_run:
+            print_dry_run(plan, overrides, environ, gpu_memory_gib)
+            return 0
+        for warning in preflight.dead_variables(environ):
+            console.print(f"note: {warning}")
+        checks = (
+            run_cluster_preflight(plan, overrides, environ, gpu_memory_gib, console)
+            if address
+            else run_local_preflight(plan, overrides, environ, gpu_memory_gib, console)
+        )
+    finally:
+        if address:
+            cluster.disconnect()
     failed = [check for check in checks if not check.ok]
     if failed:
         raise PreflightFailed("\n".join(f"preflight {check.name}: {check.detail}" for check in failed))
     console.print(f"preflight: {len(checks)} checks passed ({checks[0].detail}); starting verl PPO")
+    command = train_command(overrides)
     sys.stdout.flush()
-    os.execvpe(command[0], command, env)
+    os.execvpe(command[0], command, train_environment(plan, environ, gpu_memory_gib))
     return 0  # not reached: exec replaces this process
+
+
+def print_dry_run(
+    plan: TrainingPlan, overrides: list[str], environ: dict[str, str], gpu_memory_gib: float | None
+) -> None:
+    env = train_environment(plan, environ, gpu_memory_gib)
+    command = train_command(overrides)
+    changed = {k: v for k, v in env.items() if environ.get(k) != v}
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(changed.items()))
+    print(" \\\n    ".join([f"{prefix} {shlex.join(command[:3])}".strip(), *map(shlex.quote, command[3:])]))
+
+
+def run_local_preflight(
+    plan: TrainingPlan, overrides: list[str], environ: dict[str, str], gpu_memory_gib: float | None, console: Console
+) -> list[preflight.Check]:
+    facts = preflight.probe_gpu()
+    if gpu_memory_gib:
+        facts = dataclasses.replace(facts, memory_cap_gib=gpu_memory_gib)
+    return run_preflight(plan, overrides, environ, facts, console)

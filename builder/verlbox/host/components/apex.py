@@ -1,49 +1,94 @@
-"""NVIDIA Apex at a pinned commit, compiled into a wheel in a stage of its own; only the wheel ships."""
+"""NVIDIA Apex from a hashed source archive, compiled into a wheel in a stage of its own.
+
+Only the wheel (and its source record) reaches the image. The stage starts from the system stage
+(so it builds against the image's own torch) and, where the recipe names one, adds a CUDA toolkit
+from Debian packages unpacked with `dpkg -x` (no apt install: trixie's toolkit would pull a newer
+glibc into bookworm). The compile itself runs verlbox's apex_build.py with a plan rendered from
+this component, so changing anything else in verlbox never recompiles Apex.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 from pydantic import Field
 
 from verlbox.host.components.base import Component
-from verlbox.host.schema import GitCommit, HttpsUrl
+from verlbox.host.schema import DebianVersion, ExactVersion, GitCommit, HttpsUrl, PackageName, Sha256, Slug, Strict
+from verlbox.runtime.apex_facts import apex_facts
+
+BUILD_REQUIREMENTS = {"packaging": "25.0", "setuptools": "80.9.0", "wheel": "0.45.1", "ninja": "1.11.1.4"}
+
+
+class DebianToolkit(Strict):
+    """A CUDA toolkit from Debian's archive, for a base that has none: packages and versions pinned."""
+
+    suite: Slug
+    components: list[Slug] = Field(min_length=1)
+    packages: dict[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.+-]+$")], DebianVersion] = Field(min_length=1)
+    cuda_home: Literal["/usr"] = "/usr"
 
 
 class Apex(Component):
     key = "apex"
     repo: HttpsUrl = "https://github.com/NVIDIA/apex"
     commit: GitCommit
+    # sha256 of `git archive` of the commit (.tar.gz): the build refuses any other bytes
+    archive_sha256: Sha256
     # Apex changed how CUDA extensions are requested at tag 25.09; a commit hash does not say which.
     build_style: Literal["config-settings", "env"] = "config-settings"
-    max_jobs: Annotated[int, Field(ge=1, le=64)] = 4
+    # parallel nvcc jobs; null sizes them to the building machine's cores and memory
+    max_jobs: Annotated[int, Field(ge=1, le=256)] | None = None
+    toolkit: DebianToolkit | None = None
+    build_requirements: dict[PackageName, ExactVersion] = Field(default_factory=lambda: dict(BUILD_REQUIREMENTS))
 
     def pins(self) -> dict[str, str]:
+        # the toolkit's packages are pinned above but stay in the build stage: not the image's pins
         return {"apex": self.commit}
+
+    @property
+    def archive_name(self) -> str:
+        return f"apex-{self.commit}.tar.gz"
+
+    def build_plan(self, arch_list: str) -> dict:
+        """What apex_build.py reads: the same plan builds the same Apex in an image or on a GPU machine."""
+        facts = apex_facts(self.commit)
+        return {
+            "commit": self.commit,
+            "archive_sha256": self.archive_sha256,
+            "arch_list": arch_list,
+            "build_style": self.build_style,
+            "max_jobs": self.max_jobs,
+            "build_patches": [patch.model_dump() for patch in facts.build_patches],
+        }
+
+    def build_plan_json(self, arch_list: str) -> str:
+        return json.dumps(self.build_plan(arch_list), indent=2, sort_keys=True) + "\n"
 
     template = """
 {% import "_macros.j2" as m %}
 {% macro builder(c, plan) -%}
-# NVIDIA Apex at a pinned commit, compiled into a wheel here; only the wheel reaches the image.
-# No GPU is visible during a build, so the arch list comes from the recipe's target GPUs. The lock's
-# constraints do not apply: Apex's build tools are pinned here and are not part of the image.
-ARG TORCH_CUDA_ARCH_LIST={{ plan.cuda_arch_list | q }}
-ARG MAX_JOBS={{ c.max_jobs | q }}
-WORKDIR /src/apex
-{{ m.apt_install(plan, ["git"]) }}
-{{ m.run(plan, constrained=False) }} git init -q . && git remote add origin {{ c.repo | q }} \\
-    && git fetch -q --depth 1 origin {{ c.commit | q }} && git checkout -q FETCH_HEAD \\
-    && pip install packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4 \\
-{% if c.build_style == "env" %}
-    && APEX_CPP_EXT=1 APEX_CUDA_EXT=1 pip wheel -v --no-build-isolation --no-deps -w /wheels . \\
-{% else %}
-    && pip wheel -v --no-build-isolation --no-deps -w /wheels \\
-       --config-settings "--build-option=--cpp_ext" --config-settings "--build-option=--cuda_ext" . \\
+# NVIDIA Apex {{ c.commit | q }} from its hashed archive, compiled for sm {{ plan.recipe.target_gpus | words }} (no GPU
+# is visible during a build, so the architectures come from the recipe). Only the wheel leaves this stage.
+{% if c.toolkit %}
+# CUDA toolkit from Debian {{ c.toolkit.suite | q }} ({{ c.toolkit.components | words }}), unpacked at / without apt's dependency resolution
+{{ m.apt_install(plan, ["g++"]) }}
+{{ m.run(plan, constrained=False) }} verlbox_apt_trust_ca \\
+    && verlbox_debian_sources {{ c.toolkit.suite | q }} {{ c.toolkit.components | words }} >/etc/apt/sources.list.d/verlbox-toolkit.list \\
+    && apt-get update \\
+    && mkdir -p /tmp/toolkit && cd /tmp/toolkit \\
+    && apt-get download {% for name, version in c.toolkit.packages.items() %}{{ (name ~ "=" ~ version) | q }} {% endfor %}\\
+    && for deb in ./*.deb; do dpkg -x "$deb" /; done \\
+    && cd / && rm -rf /tmp/toolkit /etc/apt/sources.list.d/verlbox-toolkit.list /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca
+ENV CUDA_HOME={{ c.toolkit.cuda_home | q }}
 {% endif %}
-    && printf '{"commit": "%s"}\\n' "$(git rev-parse HEAD)" >/wheels/verlbox-source.json
+{{ m.run(plan, constrained=False) }} pip install {{ c.build_requirements.items() | map("join", "==") | words }}
+RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \\
+    python3 /tmp/verlbox-apex/apex_build.py /tmp/verlbox-apex/plan.json /tmp/verlbox-apex/{{ c.archive_name | q }} /wheels
 {%- endmacro %}
 {% macro final(c, plan) -%}
-# the source record goes into Apex's dist-info: smoke compares the commit with the recipe's
+# the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
 RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \\
     pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \\
     && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
