@@ -4,11 +4,12 @@ Standard library only: the same file runs in an image's Apex build stage (before
 installed there, copied into the build context on its own so that no other change to verlbox
 invalidates the cached compile), on a GPU machine without Docker, and inside images for smoke.
 
-    python3 apex_build.py PLAN.json ARCHIVE OUT_DIR
+    python3 apex_build.py PLAN.json ARCHIVE OUT_DIR [WORK_DIR]
 
 PLAN.json is what verlbox's Apex component renders: the commit, the archive's sha256, the target
 architectures, how extensions are requested, and the declared build patches (each replaces an exact
-text a counted number of times, and only for the nvcc versions it names).
+text a counted number of times, and only for the nvcc versions it names). With WORK_DIR the source is
+unpacked there and kept, so that an interrupted compile resumes where it stopped (ninja).
 """
 
 from __future__ import annotations
@@ -134,7 +135,22 @@ def default_max_jobs() -> int:
     return max(1, min(os.cpu_count() or 1, available_kib // (2 << 20)))
 
 
-def build(plan: dict, archive: Path, out: Path) -> dict:
+def _prepared_source(archive: Path, workdir: Path, patches: list[dict], cuda: str) -> tuple[Path, list[str]]:
+    """Unpack and patch once; a second call with the same WORK_DIR finds it ready (and its objects built)."""
+    marker = workdir / "verlbox-prepared.json"
+    if marker.is_file():
+        prepared = json.loads(marker.read_text())
+        return Path(prepared["source"]), prepared["build_patches"]
+    with tarfile.open(archive) as tar:
+        # the archive's hash is checked; the filter is one more guard where this Python has it
+        tar.extractall(workdir, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    (source,) = [path for path in workdir.iterdir() if path.is_dir()]
+    applied = apply_build_patches(source, patches, cuda)
+    marker.write_text(json.dumps({"source": str(source), "build_patches": applied}))
+    return source, applied
+
+
+def build(plan: dict, archive: Path, out: Path, workdir: Path | None = None) -> dict:
     sha256 = file_sha256(archive)
     if sha256 != plan["archive_sha256"]:
         raise ApexBuildError(f"{archive.name}: sha256 {sha256}, but the recipe pins {plan['archive_sha256']}")
@@ -142,12 +158,10 @@ def build(plan: dict, archive: Path, out: Path) -> dict:
     if commit != plan["commit"]:
         raise ApexBuildError(f"{archive.name} was made from commit {commit or '(none recorded)'}, not {plan['commit']}")
     cuda = nvcc_version()
-    with tempfile.TemporaryDirectory(prefix="apex-src-") as workdir:
-        with tarfile.open(archive) as tar:
-            # the archive's hash is checked; the filter is one more guard where this Python has it
-            tar.extractall(workdir, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-        (source,) = [path for path in Path(workdir).iterdir() if path.is_dir()]
-        applied = apply_build_patches(source, plan["build_patches"], cuda)
+    with tempfile.TemporaryDirectory(prefix="apex-src-") as temporary:
+        base = workdir or Path(temporary)
+        base.mkdir(parents=True, exist_ok=True)
+        source, applied = _prepared_source(archive, base, plan["build_patches"], cuda)
         env = os.environ | {
             "TORCH_CUDA_ARCH_LIST": plan["arch_list"],
             "MAX_JOBS": str(plan.get("max_jobs") or default_max_jobs()),
@@ -175,13 +189,13 @@ def build(plan: dict, archive: Path, out: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
+    if len(argv) not in (3, 4):
         print(__doc__, file=sys.stderr)
         return 2
     plan, archive, out = json.loads(Path(argv[0]).read_text()), Path(argv[1]), Path(argv[2])
     out.mkdir(parents=True, exist_ok=True)
     try:
-        record = build(plan, archive, out)
+        record = build(plan, archive, out, Path(argv[3]) if len(argv) == 4 else None)
     except ApexBuildError as exc:
         print(f"apex build: {exc}", file=sys.stderr)
         return 1

@@ -375,18 +375,17 @@ def check_fp32_matmul(ctx: SmokeContext) -> str:
 
 
 def check_apex(ctx: SmokeContext) -> str:
-    if ctx.spec.apex_commit is None:
-        raise Skip(f"recipe {ctx.spec.name} builds no Apex")
-    import torch
-    from apex.normalization import FusedLayerNorm
-
+    _apex_facts(ctx)
     _gpu_facts()
-    x = torch.randn(64, 896, device="cuda")
-    layer = FusedLayerNorm(896).cuda()
-    error = (layer(x) - torch.nn.functional.layer_norm(x, (896,))).abs().max().item()
-    if not error < 1e-4:
-        raise AssertionError(f"FusedLayerNorm differs from torch by {error:.2e}")
-    return f"apex FusedLayerNorm matches torch (max error {error:.1e})"
+    from verlbox.runtime.apex_kernels import compare_kernels
+
+    checks = compare_kernels()
+    wrong = [f"{c.kernel} {c.dtype}: {c.max_error:.2e} > {c.tolerance:.0e}" for c in checks if not c.ok]
+    if wrong:
+        raise AssertionError("Apex kernels differ from torch: " + "; ".join(wrong))
+    worst = max(checks, key=lambda c: c.max_error / c.tolerance if c.tolerance else 0)
+    closest = f"{worst.kernel} {worst.dtype} {worst.max_error:.1e}"
+    return f"{len(checks)} fused-kernel comparisons match torch (closest to its bound: {closest})"
 
 
 _LOSS = re.compile(r"(actor/pg_loss|critic/vf_loss):(\S+)")

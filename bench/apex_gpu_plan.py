@@ -1,0 +1,27 @@
+"""Write .device/apex/ for bench/apex_gpu.sh: p40-cu124's Apex plan retargeted to ARCH, and its archive.
+
+python bench/apex_gpu_plan.py 9.0 SOURCES_DIR
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from verlbox.host.recipe import load_recipe
+from verlbox.host.sources import BuildSources
+
+
+def main(arch: str, sources: str) -> None:
+    apex = load_recipe("p40-cu124").apex
+    target = Path(".device/apex")
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "plan.json").write_text(apex.build_plan_json(arch))
+    archive = BuildSources(archives=Path(sources)).archive(apex.archive_name, apex.archive_sha256)
+    shutil.copyfile(archive, target / apex.archive_name)
+    print(f"wrote {target}/plan.json (arch {arch}) and {apex.archive_name}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
