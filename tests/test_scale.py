@@ -77,7 +77,8 @@ def test_rollout_n_that_divides_evenly_passes(verl_on_path: None) -> None:
 
 def test_flags_and_user_overrides_beat_detection() -> None:
     no_cluster: dict[str, str] = {}
-    given = resolve_topology(3, 2, [], no_cluster, console=None)  # type: ignore[arg-type]
+    # both given: the cluster is not even asked (nothing answers at this address)
+    given = resolve_topology(3, 2, [], {"RAY_ADDRESS": "192.0.2.1:6379"}, console=None)  # type: ignore[arg-type]
     assert (given.gpus_per_node, given.nodes, given.source) == (3, 2, "given")
     from_overrides = resolve_topology(None, None, ["trainer.n_gpus_per_node=2"], no_cluster, console=None)  # type: ignore[arg-type]
     assert (from_overrides.gpus_per_node, from_overrides.nodes) == (2, 1)
@@ -101,7 +102,7 @@ def test_overrides_cli_scales_by_flags(verl_config_dir: Path) -> None:
     assert "data.train_batch_size=256" in result.stdout.splitlines()
     bad = run_verlbox("overrides", "p40-cu124", "--nodes", "0", env=env)
     assert bad.returncode == 2 and "expected a whole number >= 1" in bad.stderr
-    uneven = run_verlbox("overrides", "p40-cu124", "--gpus-per-node", "3", "data.train_batch_size=64", env=env)
+    uneven = run_verlbox("overrides", "--gpus-per-node", "3", "p40-cu124", "data.train_batch_size=64", env=env)
     assert uneven.returncode == 2 and "does not divide among 3 GPUs" in uneven.stderr
 
 
