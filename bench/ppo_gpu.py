@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from verlbox.data import prepare_gsm8k
-from verlbox.fixtures import make_gsm8k_jsonl, make_model
+from verlbox.runtime.data import prepare_gsm8k
+from verlbox.runtime.fixtures import make_gsm8k_jsonl, make_model
 
 # The seeds' settings with their real meaning in verl 0.4.1: batch 1 everywhere, the same offload,
 # precision and lengths as the profile, so the two differ only in how work is batched.

@@ -7,10 +7,12 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 
 
-def compose_config(project: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def compose_config(project: Path, env: dict[str, str], *profiles: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             "docker",
@@ -19,6 +21,7 @@ def compose_config(project: Path, env: dict[str, str]) -> subprocess.CompletedPr
             str(REPO / "compose.yaml"),
             "--project-directory",
             str(project),
+            *(word for profile in profiles for word in ("--profile", profile)),
             "config",
             "--format",
             "json",
@@ -52,7 +55,8 @@ def test_train_service_reserves_the_gpu_and_runs_as_the_user(tmp_path: Path, com
     assert train["environment"]["HOME"] == "/tmp"
 
 
-def test_compose_quiet_validation_of_the_shipped_file(tmp_path: Path, compose_cli) -> None:
+@pytest.mark.parametrize("profiles", [[], ["cluster"]], ids=["default", "cluster"])
+def test_compose_quiet_validation_of_the_shipped_file(tmp_path: Path, compose_cli, profiles: list[str]) -> None:
     result = subprocess.run(
         [
             "docker",
@@ -61,6 +65,7 @@ def test_compose_quiet_validation_of_the_shipped_file(tmp_path: Path, compose_cl
             str(REPO / "compose.yaml"),
             "--project-directory",
             str(tmp_path),
+            *(word for profile in profiles for word in ("--profile", profile)),
             "config",
             "--quiet",
         ],
@@ -68,4 +73,47 @@ def test_compose_quiet_validation_of_the_shipped_file(tmp_path: Path, compose_cl
         text=True,
         check=False,
     )
-    assert result.returncode == 0 and result.stdout == ""
+    assert result.returncode == 0 and result.stdout == "", result.stderr
+
+
+def test_every_profile_in_the_file_is_validated(compose_cli) -> None:
+    """The parametrised validation above must cover each profile compose.yaml names."""
+    import yaml
+
+    services = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]
+    named = {profile for service in services.values() for profile in service.get("profiles", [])}
+    assert named == {"cluster"}
+
+
+@pytest.mark.parametrize(("value", "count"), [("", 1), ("2", 2), ("all", -1)])
+def test_gpu_count_comes_from_env(tmp_path: Path, compose_cli, value: str, count: int) -> None:
+    (tmp_path / ".env").write_text(f"VERLBOX_GPUS={value}\n" if value else "")
+    result = compose_config(tmp_path, {}, "cluster")
+    assert result.returncode == 0, result.stderr
+    for name in ("train", "ray-head", "ray-worker"):
+        devices = json.loads(result.stdout)["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices == [{"capabilities": ["gpu"], "driver": "nvidia", "count": count}], name
+
+
+def test_cluster_profile_runs_ray_on_the_host_network_with_the_shared_checkpoints(tmp_path: Path, compose_cli) -> None:
+    shared = tmp_path / "nfs" / "checkpoints"
+    (tmp_path / ".env").write_text(
+        f"VERLBOX_HEAD_ADDRESS=10.0.0.1\nVERLBOX_RAY_PORT=6390\nVERLBOX_NODES=3\nVERLBOX_CHECKPOINTS={shared}\n"
+    )
+    default = json.loads(compose_config(tmp_path, {}).stdout)["services"]
+    assert set(default) == {"train"}, "the cluster services must stay out of a plain `docker compose up`"
+    result = compose_config(tmp_path, {}, "cluster")
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    head, worker = services["ray-head"], services["ray-worker"]
+    for service in (head, worker):
+        assert service["network_mode"] == "host" and service["profiles"] == ["cluster"]
+        assert service["environment"]["VERLBOX_HEAD_ADDRESS"] == "10.0.0.1"
+        assert service["environment"]["VERLBOX_RAY_PORT"] == "6390"
+        mounts = {volume["target"]: volume["source"] for volume in service["volumes"]}
+        assert mounts["/checkpoints"] == str(shared)
+        assert "--node-manager-port=6380" in service["environment"]["RAY_PORTS"]
+        assert int(service["shm_size"]) >= 8 * 2**30
+    assert "ray start --head" in head["command"][0] and 'train --nodes "$$VERLBOX_NODES"' in head["command"][0]
+    assert head["environment"]["VERLBOX_NODES"] == "3"
+    assert "ray start --address" in worker["command"][0] and "--block" in worker["command"][0]

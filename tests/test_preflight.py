@@ -8,7 +8,7 @@ import pytest
 
 from verlbox.runtime import preflight
 from verlbox.runtime.gpu import UnsupportedGpu, capability_for, has_code_for, rollout_backend
-from verlbox.runtime.preflight import GpuDevice, GpuFacts
+from verlbox.runtime.preflight import GpuDevice, GpuFacts, NodeFacts
 
 PYPI_TORCH_26 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
 P40 = GpuDevice("Tesla P40", "6.1", 22.4, 22.2)
@@ -103,3 +103,56 @@ def test_small_shm_fails(tmp_path: Path) -> None:
 def test_dead_variables_are_named() -> None:
     notes = preflight.dead_variables({"VLLM_DTYPE": "float32", "PATH": "/bin"})
     assert notes == ["VLLM_DTYPE is set but vLLM never reads it; the rollout dtype is actor_rollout_ref.rollout.dtype"]
+
+
+def node(name: str, *devices: GpuDevice, recipe_hash: str = "abc123", marker: str | None = "token") -> NodeFacts:
+    return NodeFacts(name, facts(*devices), recipe_hash, marker)
+
+
+def test_a_cluster_of_two_p40_hosts_passes_every_cluster_check() -> None:
+    nodes = [node("head (10.0.0.1)", P40, P40), node("box2 (10.0.0.2)", P40, P40)]
+    checks = [
+        preflight.check_cluster_probe(nodes),
+        preflight.check_cluster_gpus(nodes, 2, 2),
+        preflight.check_cluster_compute_capability(nodes, ["6.1"]),
+        preflight.check_cluster_driver(nodes, "12.4"),
+        preflight.check_cluster_memory(nodes, 20),
+        preflight.check_same_image(nodes, "abc123"),
+        preflight.check_shared_checkpoints(nodes, "/checkpoints/x", "token"),
+        preflight.check_node_files(nodes),
+    ]
+    assert all(check.ok for check in checks), checks
+
+
+def test_too_few_gpus_counts_nodes_that_share_a_host() -> None:
+    two_on_one_host = [node("h (10.0.0.1)", P40), node("h (10.0.0.1)", P40)]
+    assert preflight.check_cluster_gpus(two_on_one_host, 1, 2).ok
+    short = preflight.check_cluster_gpus([node("a (10.0.0.1)", P40, P40), node("b (10.0.0.2)", P40)], 2, 2)
+    assert not short.ok
+    assert "needs 2 node(s) with 2 GPU(s) each but the Ray cluster has 1" in short.detail
+    assert "a (10.0.0.1) 2, b (10.0.0.2) 1" in short.detail
+
+
+def test_each_cluster_failure_names_the_node_in_one_sentence() -> None:
+    maxwell = GpuDevice("Tesla M40", "5.2", 24, 24)
+    nodes = [
+        node("head (10.0.0.1)", P40),
+        node("old (10.0.0.2)", maxwell, recipe_hash="ffff00", marker=None),
+        NodeFacts("bare (10.0.0.3)", facts(P40), None, "token", ("/models/Qwen2.5-0.5B-Instruct",)),
+    ]
+    capability = preflight.check_cluster_compute_capability(nodes, ["6.1"])
+    assert not capability.ok and capability.detail.startswith("old (10.0.0.2): Tesla M40")
+    image = preflight.check_same_image(nodes, "abc123")
+    assert not image.ok and "old (10.0.0.2) (ffff00), bare (10.0.0.3) (no verlbox image)" in image.detail
+    shared = preflight.check_shared_checkpoints(nodes, "/checkpoints/x", "token")
+    assert not shared.ok and shared.detail.startswith("old (10.0.0.2) cannot see the file the head wrote")
+    files = preflight.check_node_files(nodes)
+    assert not files.ok and files.detail.startswith("bare (10.0.0.3) lacks /models/Qwen2.5-0.5B-Instruct")
+    for check in (capability, image, shared, files):
+        assert "\n" not in check.detail
+
+
+def test_a_node_whose_probe_failed_is_named() -> None:
+    nodes = [node("head (10.0.0.1)", P40), NodeFacts("w (10.0.0.2)", error="ModuleNotFoundError: verlbox")]
+    check = preflight.check_cluster_probe(nodes)
+    assert not check.ok and "w (10.0.0.2) (ModuleNotFoundError: verlbox)" in check.detail

@@ -243,9 +243,10 @@ def check_cluster_probe(nodes: list[NodeFacts]) -> Check:
 
 def check_cluster_gpus(nodes: list[NodeFacts], gpus_per_node: int, nnodes: int) -> Check:
     """verl places n_gpus_per_node workers on each of nnodes nodes, so enough nodes need that many GPUs."""
-    counts = {node.name: len(node.gpu.devices) if node.gpu else 0 for node in nodes}
-    fit = [name for name, count in counts.items() if count >= gpus_per_node]
-    seen = ", ".join(f"{name} {count}" for name, count in counts.items())
+    # a list, not a dict by name: several nodes may share one host (and so one name)
+    counts = [(node.name, len(node.gpu.devices) if node.gpu else 0) for node in nodes]
+    fit = [name for name, count in counts if count >= gpus_per_node]
+    seen = ", ".join(f"{name} {count}" for name, count in counts)
     if len(fit) >= nnodes:
         return Check("cluster GPUs", True, f"{nnodes} x {gpus_per_node} GPU(s) needed; GPUs per node: {seen}")
     return Check(

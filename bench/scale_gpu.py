@@ -1,0 +1,203 @@
+"""Scale-out on a GPU machine: one GPU before/after the batch change, two GPUs on one node, two Ray nodes.
+
+Every run goes through the real `verlbox train` with RAY_ADDRESS set, so the cluster preflight and the
+topology detection run too. Ray nodes are started here, one per GPU set, each with the per-process
+memory cap (`--gpu-memory-gib`) in its environment, so that every Ray worker is capped as on a 24 GB P40.
+
+  python bench/scale_gpu.py --out OUT --phase single --phase pair     # 1 GPU (old vs new batch) || 2 GPUs
+  python bench/scale_gpu.py --out OUT --phase nodes                   # 2 Ray nodes, SIGKILL, resume
+
+single: the old per-GPU batch (16) on GPU 0 and the new one (64) on GPU 1, at the same time, each its
+own Ray head. pair: one Ray head holding both GPUs. nodes: a head with GPU 0 and a worker with GPU 1
+(`train --nodes 2`), SIGKILLed once step 5 is saved, then restarted to resume up to step 10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ppo_gpu import _metrics, prepare
+
+from verlbox.host.recipe import load_recipe
+from verlbox.runtime.memory_cap import SITECUSTOMIZE_DIR
+
+OLD_SINGLE_GPU = [
+    "data.train_batch_size=16",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+    "actor_rollout_ref.rollout.micro_batch_size=16",
+]
+
+
+class Run:
+    """One `verlbox train` process: its log, its per-step metrics, and a SIGKILL once a step is saved."""
+
+    def __init__(self, name: str, words: list[str], env: dict[str, str], out: Path, batch: int) -> None:
+        self.name, self.batch = name, batch
+        self.log = out / f"{name}.log"
+        self.steps: dict[int, dict[str, float]] = {}
+        self.topology = ""
+        self.killed = False
+        self.started = time.monotonic()
+        command = [sys.executable, "-m", "verlbox.cli", "train", *words]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        )
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        with self.log.open("a") as handle:
+            for line in self.process.stdout:
+                handle.write(line)
+                if line.startswith("training on "):
+                    self.topology = line.strip()
+                if parsed := _metrics(line):
+                    self.steps[parsed[0]] = parsed[1]
+                    print(f"[{self.name}] step {parsed[0]}: {parsed[1].get('timing_s/step', 0):.1f} s", flush=True)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.killed = True
+
+    def wait(self, deadline: float, saved: Path | None = None, step: int | None = None) -> dict[str, object]:
+        while self.process.poll() is None:
+            done = saved is not None and saved.is_file() and saved.read_text().strip() == str(step)
+            if done or time.monotonic() > deadline:
+                self.kill()
+                break
+            time.sleep(1)
+        self.process.wait()
+        self.reader.join(timeout=10)
+        return self.summary()
+
+    def summary(self) -> dict[str, object]:
+        ordered = [self.steps[k] for k in sorted(self.steps)]
+        steady = [s["timing_s/step"] for s in ordered[2:] if "timing_s/step" in s]
+        median = statistics.median(steady) if steady else float("nan")
+        gen = [s.get("timing_s/gen", float("nan")) for s in ordered[2:]]
+        return {
+            "run": self.name,
+            "topology": self.topology,
+            "exit": self.process.returncode,
+            "killed": self.killed,
+            "wall_s": round(time.monotonic() - self.started, 1),
+            "steps": sorted(self.steps),
+            "batch": self.batch,
+            "median_step_s": round(median, 2),
+            "median_gen_s": round(statistics.median(gen), 2) if gen else None,
+            "samples_per_s": round(self.batch / median, 3),
+            "reserved_gb_max": max((s.get("perf/max_memory_reserved_gb", 0) for s in ordered), default=None),
+            "allocated_gb_max": max((s.get("perf/max_memory_allocated_gb", 0) for s in ordered), default=None),
+        }
+
+
+def ray(*words: str, env: dict[str, str]) -> None:
+    command = [sys.executable, "-m", "ray.scripts.scripts", *words]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"ray {' '.join(words)}: exit {done.returncode}: {done.stderr[-2000:]}")
+
+
+def start_node(gpus: str, port: int, env: dict[str, str], head: int | None = None) -> str:
+    """A Ray node holding `gpus`; distinct ports, since several nodes share this host."""
+    node_env = env | {"CUDA_VISIBLE_DEVICES": gpus}
+    offset = port - 6380
+    ports = ["--dashboard-agent-listen-port", str(52365 + offset), "--num-cpus", "12", "--disable-usage-stats"]
+    if head is None:
+        ray("start", "--head", "--port", str(port), "--include-dashboard", "false",
+            "--ray-client-server-port", str(23001 + offset), *ports, env=node_env)  # fmt: skip
+    else:
+        ray("start", "--address", f"127.0.0.1:{head}", *ports, env=node_env)
+    return f"127.0.0.1:{head or port}"
+
+
+def common(steps: int, save_freq: int = -1) -> list[str]:
+    resume = "auto" if save_freq > 0 else "disable"
+    return [f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", f"trainer.save_freq={save_freq}",
+            f"trainer.resume_mode={resume}"]  # fmt: skip
+
+
+def run_env(base: dict[str, str], address: str, experiment: str) -> dict[str, str]:
+    return base | {"RAY_ADDRESS": address, "VERLBOX_EXPERIMENT": experiment}
+
+
+def phase_single(base: dict[str, str], out: Path, steps: int, budget: float) -> list[dict[str, object]]:
+    old_at, new_at = start_node("0", 6380, base), start_node("1", 6381, base)
+    deadline = time.monotonic() + budget
+    old = Run("1gpu-batch16", ["--", *common(steps), *OLD_SINGLE_GPU], run_env(base, old_at, "old"), out, 16)
+    new = Run("1gpu-batch64", ["--", *common(steps)], run_env(base, new_at, "new"), out, 64)
+    return [new.wait(deadline), old.wait(deadline)]
+
+
+def phase_pair(base: dict[str, str], out: Path, steps: int, budget: float) -> list[dict[str, object]]:
+    address = start_node("0,1", 6382, base)
+    pair = Run("2gpu-1node", ["--", *common(steps)], run_env(base, address, "pair"), out, 128)
+    return [pair.wait(time.monotonic() + budget)]
+
+
+def phase_nodes(base: dict[str, str], out: Path, checkpoints: Path, budget: float) -> list[dict[str, object]]:
+    address = start_node("0", 6383, base)
+    start_node("1", 6384, base, head=6383)
+    deadline = time.monotonic() + budget
+    words = ["--nodes", "2", "--", *common(10, save_freq=5), "data.train_batch_size=32"]
+    saved = checkpoints / "nodes" / "latest_checkpointed_iteration.txt"
+    first = Run("2nodes-killed", words, run_env(base, address, "nodes"), out, 32).wait(deadline, saved, 5)
+    second = Run("2nodes-resumed", words, run_env(base, address, "nodes"), out, 32)
+    summary = second.wait(deadline)
+    summary["resumed_from"] = [line for line in second.log.read_text().splitlines() if "Resuming from" in line][-1:]
+    return [first, summary]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/verlbox-bench"))
+    parser.add_argument("--phase", action="append", choices=["single", "pair", "nodes"], required=True)
+    parser.add_argument("--steps", type=int, default=5, help="steps of each throughput run")
+    parser.add_argument("--budget-s", type=float, default=250, help="per phase")
+    parser.add_argument("--gpu-memory-gib", default="24")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model, data = prepare(args.workdir)
+    spec = args.workdir / "image-spec.json"
+    spec.write_text(load_recipe("p40-cu124").image_spec().model_dump_json())
+    checkpoints = args.workdir / "checkpoints"
+    base = os.environ | {
+        "VERLBOX_MODEL_DIR": str(model),
+        "VERLBOX_DATA_DIR": str(data),
+        "VERLBOX_CHECKPOINT_DIR": str(checkpoints),
+        "VERLBOX_IMAGE_SPEC": str(spec),
+        "VERLBOX_GPU_MEMORY_GIB": args.gpu_memory_gib,
+        # Ray's workers start from the raylet, not from train: the cap has to be in the nodes' environment
+        "PYTHONPATH": os.pathsep.join([str(SITECUSTOMIZE_DIR), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONUNBUFFERED": "1",
+    }
+    summaries: list[dict[str, object]] = []
+    for phase in args.phase:
+        try:
+            if phase == "single":
+                summaries += phase_single(base, args.out, args.steps, args.budget_s)
+            elif phase == "pair":
+                summaries += phase_pair(base, args.out, args.steps, args.budget_s)
+            else:
+                summaries += phase_nodes(base, args.out, checkpoints, args.budget_s)
+        finally:
+            ray("stop", "--force", env=base)
+        print(json.dumps(summaries[-2:] if phase != "pair" else summaries[-1:]), flush=True)
+    (args.out / "summary.json").write_text(json.dumps(summaries, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
