@@ -9,7 +9,8 @@ memory cap (`--gpu-memory-gib`) in its environment, so that every Ray worker is 
 
 single: the old per-GPU batch (16) on GPU 0 and the new one (64) on GPU 1, at the same time, each its
 own Ray head. pair: one Ray head holding both GPUs. nodes: a head with GPU 0 and a worker with GPU 1
-(`train --nodes 2`), SIGKILLed once step 5 is saved, then restarted to resume up to step 10.
+(`train --nodes 2`, batch 32, 64-token responses), SIGKILLed once step 5 is saved, then restarted to
+resume up to step 10.
 """
 
 from __future__ import annotations
@@ -150,7 +151,8 @@ def phase_nodes(base: dict[str, str], out: Path, checkpoints: Path, budget: floa
     address = start_node("0", 6383, base)
     start_node("1", 6384, base, head=6383)
     deadline = time.monotonic() + budget
-    words = ["--nodes", "2", "--", *common(10, save_freq=5), "data.train_batch_size=32"]
+    # a correctness run (placement over two nodes, SIGKILL, resume): short responses keep it inside one call
+    words = ["--nodes", "2", "--", *common(10, save_freq=5), "data.train_batch_size=32", "data.max_response_length=64"]
     saved = checkpoints / "nodes" / "latest_checkpointed_iteration.txt"
     first = Run("2nodes-killed", words, run_env(base, address, "nodes"), out, 32).wait(deadline, saved, 5)
     second = Run("2nodes-resumed", words, run_env(base, address, "nodes"), out, 32)
@@ -165,7 +167,7 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/verlbox-bench"))
     parser.add_argument("--phase", action="append", choices=["single", "pair", "nodes"], required=True)
     parser.add_argument("--steps", type=int, default=5, help="steps of each throughput run")
-    parser.add_argument("--budget-s", type=float, default=250, help="per phase")
+    parser.add_argument("--budget-s", type=float, action="append", help="per phase, in --phase order")
     parser.add_argument("--gpu-memory-gib", default="24")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -184,18 +186,20 @@ def main() -> int:
         "PYTHONUNBUFFERED": "1",
     }
     summaries: list[dict[str, object]] = []
-    for phase in args.phase:
+    budgets = args.budget_s or [250.0] * len(args.phase)
+    for phase, budget in zip(args.phase, budgets, strict=True):
         try:
             if phase == "single":
-                summaries += phase_single(base, args.out, args.steps, args.budget_s)
+                summaries += phase_single(base, args.out, args.steps, budget)
             elif phase == "pair":
-                summaries += phase_pair(base, args.out, args.steps, args.budget_s)
+                summaries += phase_pair(base, args.out, args.steps, budget)
             else:
-                summaries += phase_nodes(base, args.out, checkpoints, args.budget_s)
+                summaries += phase_nodes(base, args.out, checkpoints, budget)
         finally:
             ray("stop", "--force", env=base)
+        # after every phase: a call cut short still brings back what finished
+        (args.out / "summary.json").write_text(json.dumps(summaries, indent=2))
         print(json.dumps(summaries[-2:] if phase != "pair" else summaries[-1:]), flush=True)
-    (args.out / "summary.json").write_text(json.dumps(summaries, indent=2))
     return 0
 
 
