@@ -15,12 +15,14 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from verlbox.bootstrap import bootstrapped_reference, ensure_bootstrapped_base
-from verlbox.build import BuildResult, build_image
-from verlbox.engine import client
-from verlbox.plan import BuildPlan
-from verlbox.recipe import load_recipe
-from verlbox.render import render_dockerfile
+
+from verlbox.host.bootstrap import bootstrapped_reference, choose_mirror, ensure_bootstrapped_base
+from verlbox.host.build import BuildResult, build_image
+from verlbox.host.engine import client
+from verlbox.host.plan import BuildPlan
+from verlbox.host.recipe import load_recipe
+from verlbox.host.render import render_dockerfile
+from verlbox.host.sources import BuildSources
 
 PACKAGE = Path(__file__).resolve().parents[1] / "builder" / "verlbox"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -34,7 +36,9 @@ def render_ms(recipe: str, repeats: int = 50) -> float:
 
 
 def build(plan: BuildPlan, tag: str, console: Console) -> BuildResult:
-    return build_image(plan, [tag], ca_bundle=CA_BUNDLE if CA_BUNDLE.is_file() else None, console=console)
+    # archives from $VERLBOX_SOURCES (or the default folder), as `verlbox build` finds them
+    sources = BuildSources.from_options(str(CA_BUNDLE) if CA_BUNDLE.is_file() else None, None, None)
+    return build_image(plan, [tag], sources=sources, console=console)
 
 
 def report(label: str, result: BuildResult) -> None:
@@ -66,7 +70,7 @@ def main() -> None:
     assert recipe.base.bootstrap is not None
     started = time.monotonic()
     had_base = any(bootstrapped_reference(recipe.base.bootstrap) in i.tags for i in engine.images.list())
-    base = ensure_bootstrapped_base(engine, recipe.base.bootstrap, quiet)
+    base = ensure_bootstrapped_base(engine, recipe.base.bootstrap, choose_mirror(None), quiet)
     if not had_base:
         print(f"debootstrap + docker import of the base: {time.monotonic() - started:.1f} s")
     plan = BuildPlan(recipe, base_override=base)
@@ -81,8 +85,8 @@ def main() -> None:
         cold = None
     report("rebuild, nothing changed", build(plan, tag, quiet))
     for label, path in (
-        ("rebuild after editing the verl patch set", PACKAGE / "patches" / "verl-0.4.1.yaml"),
-        ("rebuild after editing the entrypoint", PACKAGE / "train.py"),
+        ("rebuild after editing the verl patch set", PACKAGE / "runtime" / "patches" / "verl-0.4.1.yaml"),
+        ("rebuild after editing the entrypoint", PACKAGE / "runtime" / "train.py"),
     ):
         result = edited_rebuild(path, plan, tag, quiet)
         share = f" ({100 * result.seconds / cold.seconds:.1f}% of the cold build)" if cold else ""

@@ -11,28 +11,28 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
-RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false \
-    . /tmp/verlbox/build-env.sh && verlbox_apt_trust_ca \
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false \
+    . /tmp/verlbox/build-env.sh && verlbox_apt_begin \
     && apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv python3-dev \
-    && rm -rf /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca \
+    && apt-get install -y --no-install-recommends $(verlbox_apt_packages python ca-certificates python3 python3-venv python3-dev) \
+    && verlbox_apt_end python \
     && python3 -c 'import sys; assert "%d.%d" % sys.version_info[:2] == sys.argv[1], "base image has Python %d.%d" % sys.version_info[:2]' 3.11
-RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    . /tmp/verlbox/build-env.sh && python3 -m venv /opt/venv && pip install pip==25.1.1
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && python3 -m venv /opt/venv && verlbox_pip python pip==25.1.1
 # PyTorch 2.6.0: the largest layer, kept early
-RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    . /tmp/verlbox/build-env.sh && pip install torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && verlbox_pip torch torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
 
 FROM system AS apex-build
 # NVIDIA Apex e13873debc4699d39c6861074b9a3b2a02327f92 from its hashed archive, compiled for sm 6.1 (no GPU
 # is visible during a build, so the architectures come from the recipe). Only the wheel leaves this stage.
 # CUDA toolkit from Debian trixie (main contrib non-free), unpacked at / without apt's dependency resolution
-RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false \
-    . /tmp/verlbox/build-env.sh && verlbox_apt_trust_ca \
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false \
+    . /tmp/verlbox/build-env.sh && verlbox_apt_begin \
     && apt-get update \
-    && apt-get install -y --no-install-recommends g++ \
-    && rm -rf /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca
-RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    && apt-get install -y --no-install-recommends $(verlbox_apt_packages apex-compiler g++) \
+    && verlbox_apt_end apex-compiler
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     . /tmp/verlbox/build-env.sh && verlbox_apt_trust_ca \
     && verlbox_debian_sources trixie main contrib non-free >/etc/apt/sources.list.d/verlbox-toolkit.list \
     && apt-get update \
@@ -41,19 +41,21 @@ RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mou
     && for deb in ./*.deb; do dpkg -x "$deb" /; done \
     && cd / && rm -rf /tmp/toolkit /etc/apt/sources.list.d/verlbox-toolkit.list /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca
 ENV CUDA_HOME=/usr
-RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    . /tmp/verlbox/build-env.sh && pip install packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && verlbox_pip apex-build-tools packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4
 RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \
-    python3 /tmp/verlbox-apex/apex_build.py /tmp/verlbox-apex/plan.json /tmp/verlbox-apex/apex-e13873debc4699d39c6861074b9a3b2a02327f92.tar.gz /wheels
+    python3 /tmp/verlbox-apex/apex_build.py /tmp/verlbox-apex/plan.json /tmp/verlbox-apex/apex-e13873debc4699d39c6861074b9a3b2a02327f92.tar.gz /wheels \
+    && cp -r /opt/verlbox/build-record /wheels/build-record
 
 FROM system AS final
 # the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
 RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
     pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \
+    && mkdir -p /opt/verlbox/build-record && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/ \
     && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
 # verl 0.4.1's dependencies, each pinned (verl itself goes in with --no-deps)
-RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    . /tmp/verlbox/build-env.sh && pip install \
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && verlbox_pip verl-deps \
        accelerate==1.7.0 \
        codetiming==1.4.0 \
        datasets==3.6.0 \
@@ -72,11 +74,11 @@ RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mou
        transformers==4.51.3 \
        wandb==0.20.1 \
        torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
-RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    . /tmp/verlbox/build-env.sh && pip install --no-deps verl==0.4.1
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && verlbox_pip verl --no-deps verl==0.4.1
 # the verlbox runtime: entrypoint, smoke checks and the verl patch set (changes most often: last)
-RUN --mount=type=bind,source=build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=constraints.txt,target=/etc/verlbox/constraints.txt --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    . /tmp/verlbox/build-env.sh && pip install pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && verlbox_pip runtime pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0
 COPY image-spec.json /opt/verlbox/image-spec.json
 RUN --mount=type=bind,source=verlbox-src,target=/tmp/verlbox-src,rw \
     pip install --no-cache-dir --no-deps --no-build-isolation /tmp/verlbox-src \
@@ -93,9 +95,9 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       io.verlbox.version="0.1.0" \
       io.verlbox.recipe="p40-cu124" \
       io.verlbox.recipe.hash="f050f996b335536750f039e76788a28448a7cfe3b2a6a703367182e9fadb5321" \
+      io.verlbox.base="debian:bookworm-slim" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="059ba77f125bf0e147e0719f9b4af46f026155261250516628fbac7eddd59640" \
-      io.verlbox.lock.hash="93878b968c08506bb16bab071707c60732832cb591c70dd1dd2d939936d584bd" \
       io.verlbox.pin.cuda="12.4" \
       io.verlbox.pin.python="3.11" \
       io.verlbox.pin.torch="2.6.0" \

@@ -113,7 +113,7 @@ def test_a_relative_path_is_the_local_file_never_the_shipped_recipe(tmp_path: Pa
     local.write_text(local.read_text().replace("description: P40 with", "description: LOCAL COPY P40 with"))
     result = run_verlbox("render", "./p40-cu124.yaml", cwd=tmp_path)
     assert result.returncode == 0 and "# LOCAL COPY P40 with" in result.stdout
-    assert load_recipe(local).lock_path == tmp_path / "p40-cu124.lock.txt"  # `verlbox lock` writes beside it
+    assert load_recipe(local).lock_path == tmp_path / "p40-cu124.lock.json"  # `verlbox lock` writes beside it
     missing = run_verlbox("render", "./p40.yaml", cwd=tmp_path)  # shipped, but not here
     assert_refused(missing, "./p40.yaml", "no such recipe file")
 
@@ -146,7 +146,7 @@ def test_a_childs_name_is_its_own_not_its_parents(tmp_path: Path) -> None:
     kid = tmp_path / "kid.yaml"
     kid.write_text(yaml.safe_dump({"extends": "parent.yaml"}))
     recipe = load_recipe(kid)
-    assert recipe.name == "kid" and recipe.lock_path == tmp_path / "kid.lock.txt"
+    assert recipe.name == "kid" and recipe.lock_path == tmp_path / "kid.lock.json"
 
 
 @pytest.mark.parametrize("tag", ["Bad", "a b", "x:y:z", "img:tag with space", "img@sha256:" + "0" * 64, "img;rm", ""])

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,40 @@ from verlbox.host.recipe import load_recipe
 from verlbox.runtime.patches import patch_set_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+# In the Apex build stage: the SASS architectures of each extension in the wheel, by cuobjdump and by
+# the fatbin reader smoke uses (apex_build.py, mounted from the build context).
+UNPACK_WHEEL = """
+import glob, json, subprocess, zipfile
+from pathlib import Path
+zipfile.ZipFile(glob.glob("/wheels/apex-*.whl")[0]).extractall("/tmp/w")
+objects = sorted(glob.glob("/tmp/w/*.so"))
+"""
+CUOBJDUMP_SASS = (
+    UNPACK_WHEEL
+    + """
+found = {}
+for so in objects:
+    listing = subprocess.run(["cuobjdump", "--list-elf", so], capture_output=True, text=True).stdout.split()
+    archs = {word.split(".")[-2] for word in listing if word.endswith(".cubin")}
+    found[Path(so).name.split(".")[0]] = sorted(archs, key=lambda arch: int(arch.split("_")[1]))
+print(json.dumps(found))
+"""
+)
+READER_SASS = (
+    UNPACK_WHEEL
+    + """
+import sys
+sys.path.insert(0, "/tmp/verlbox-apex")
+from apex_build import fatbin_architectures
+print(json.dumps({Path(so).name.split(".")[0]: fatbin_architectures(Path(so))["sass"] for so in objects}))
+"""
+)
+
+
+def ca_secret() -> list[str]:
+    return ["--secret", f"id=ca_bundle,src={HOST_CA_BUNDLE}"] if HOST_CA_BUNDLE.is_file() else []
 
 
 def derived_image(tmp_path: Path, tag: str, dockerfile: str, files: dict[str, Path] | None = None) -> str:
@@ -76,20 +111,85 @@ def _certificates(text: str) -> set[str]:
     return set(re.findall(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", text, re.S))
 
 
-def lock_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line and not line.startswith("#")]
-
-
-def test_the_image_holds_exactly_the_locked_packages(image: str, tmp_path: Path) -> None:
-    frozen = docker("run", "--rm", "--entrypoint", "pip", image, "freeze", "--exclude-editable").stdout
-    locked = lock_lines((REPO / "recipes" / "p40-cu124.lock.txt").read_text())
-    assert [line for line in frozen.splitlines() if not line.startswith("verlbox ")] == locked
-    # `verlbox lock` writes the same list beside a recipe (a copy here, so the repo is never rewritten)
-    for name in ("p40-cu124.yaml", "_verl-0.4.1.yaml"):
+def test_the_image_matches_its_hashed_lock(image: str, tmp_path: Path) -> None:
+    result = run_verlbox("verify", image)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "matches" in result.stderr and result.stdout == ""
+    # `verlbox lock` finds the same steps, files and hashes in the image (a copy: the repo is never rewritten)
+    for name in ("p40-cu124.yaml", "_verl-0.4.1.yaml", "p40-cu124.lock.json"):
         (tmp_path / name).write_text((REPO / "recipes" / name).read_text())
     result = run_verlbox("lock", str(tmp_path / "p40-cu124.yaml"), "--image", image)
     assert result.returncode == 0, result.stderr
-    assert lock_lines((tmp_path / "p40-cu124.lock.txt").read_text()) == locked
+    written = json.loads((tmp_path / "p40-cu124.lock.json").read_text())
+    committed = json.loads((REPO / "recipes" / "p40-cu124.lock.json").read_text())
+    assert written["steps"] == committed["steps"]
+    assert all(entry["sha256"] for step in written["steps"] for entry in step["pip"])
+
+
+def test_an_altered_hash_in_the_lock_fails_the_build_at_once_naming_the_package(image: str, tmp_path: Path) -> None:
+    for name in ("p40-cu124.yaml", "_verl-0.4.1.yaml"):
+        (tmp_path / name).write_text((REPO / "recipes" / name).read_text())
+    lock = json.loads((REPO / "recipes" / "p40-cu124.lock.json").read_text())
+    verl_step = next(step for step in lock["steps"] if step["name"] == "verl")
+    verl_step["pip"][0]["sha256"] = "0" * 64
+    (tmp_path / "p40-cu124.lock.json").write_text(json.dumps(lock))
+    before = docker("image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
+    started = time.monotonic()
+    result = run_verlbox(
+        "build", str(tmp_path / "p40-cu124.yaml"), "--bootstrap-base", "--tag", image, *ca_arguments(), timeout=1200
+    )
+    seconds = time.monotonic() - started
+    assert result.returncode == 1 and "0" * 64 in result.stderr and "verl==0.4.1" in result.stderr
+    assert seconds < 120, f"the hash mismatch took {seconds:.0f} s to surface"  # every earlier layer is cached
+    assert docker("image", "inspect", "--format", "{{.Id}}", image).stdout.strip() == before
+
+
+def test_verify_names_a_package_that_differs_from_the_lock(image: str, tmp_path: Path) -> None:
+    tampered = derived_image(
+        tmp_path, "verlbox-test/tampered-verify:ci", f"FROM {image}\nRUN pip uninstall -y codetiming\n"
+    )
+    try:
+        result = run_verlbox("verify", tampered)
+        assert result.returncode == 1
+        assert "python codetiming: lock 1.4.0, image absent" in result.stdout
+    finally:
+        docker("image", "rm", tampered, check=False)
+
+
+def test_the_final_image_has_apex_but_no_cuda_toolchain(image: str) -> None:
+    found = in_image(
+        image, "command -v nvcc cuobjdump ptxas; ls -d /usr/include/cuda* /usr/lib/nvidia-cuda-toolkit 2>/dev/null"
+    )
+    assert found == ""
+    record = json.loads(
+        docker("run", "--rm", "--entrypoint", "python", image, "-c",
+               "import importlib.metadata as m; print(m.distribution('apex').read_text('verlbox-source.json'))").stdout
+    )  # fmt: skip
+    assert record["commit"] == "e13873debc4699d39c6861074b9a3b2a02327f92" and record["nvcc"] == "12.4"
+    assert record["archive_sha256"] == load_recipe("p40-cu124").apex.archive_sha256
+
+
+def test_the_fatbin_reader_agrees_with_cuobjdump(image: str, tmp_path: Path) -> None:
+    """In the Apex build stage (which has the toolkit): cuobjdump and smoke's reader list the same SASS."""
+    stage = "verlbox-test/apex-build:ci"
+    context = tmp_path / "context"
+    context.mkdir()
+    from verlbox.host.context import write_context
+    from verlbox.host.plan import BuildPlan
+    from verlbox.host.sources import BuildSources
+
+    write_context(BuildPlan(load_recipe("p40-cu124"), "verlbox-base/debian:bookworm-minbase"), context, BuildSources())
+    docker("buildx", "build", "--load", "--progress", "plain", "--target", "apex-build", "--tag", stage,
+           *ca_secret(), str(context), timeout=3000)  # fmt: skip
+    try:
+        listed = json.loads(docker("run", "--rm", stage, "python3", "-c", CUOBJDUMP_SASS).stdout)
+        mount = f"{context / 'apex'}:/tmp/verlbox-apex:ro"
+        read = json.loads(docker("run", "--rm", "-v", mount, stage, "python3", "-c", READER_SASS).stdout)
+        cuda_extensions = {name for name, archs in listed.items() if archs}
+        assert len(cuda_extensions) == 11 and listed == read
+        assert read["amp_C"] == ["sm_61"] and "sm_61" not in read["fused_weight_gradient_mlp_cuda"]
+    finally:
+        docker("image", "rm", stage, check=False)
 
 
 def test_no_ca_material_in_layers_or_history(image: str) -> None:
@@ -113,7 +213,12 @@ def test_cpu_smoke_tier_passes_and_gpu_tier_is_skipped_with_a_reason(image: str,
     failed = {name: row["detail"] for name, row in results.items() if row["status"] == "failed"}
     assert code == 0 and failed == {}
     cpu = [row for row in results.values() if row["tier"] == "cpu"]
-    assert len(cpu) == 9 and all(row["status"] == "passed" for row in cpu)
+    assert len(cpu) == 11 and all(row["status"] == "passed" for row in cpu)
+    assert results["matches its lock"]["status"] == "passed"
+    assert (
+        "exception: fused_weight_gradient_mlp_cuda has sm_70 sm_80 sm_86 sm_90"
+        in results["Apex machine code for targets"]["detail"]
+    )
     assert results["GPU tier"] == {
         "tier": "gpu",
         "name": "GPU tier",

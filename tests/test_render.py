@@ -80,7 +80,7 @@ def test_a_lock_file_constrains_every_pip_install() -> None:
     assert networked_runs == 5  # venv + pip, torch, verl deps, verl, runtime pins (not apt, not verlbox itself)
     assert locked.count("source=constraints.txt,target=/etc/verlbox/constraints.txt") == networked_runs
     assert "io.verlbox.lock.hash=" in locked
-    unlocked = (GOLDEN / "p40.Dockerfile").read_text()  # no p40.lock.txt: no image of it was built yet
+    unlocked = (GOLDEN / "p40.Dockerfile").read_text()  # no p40.lock.json: no image of it was built yet
     assert "constraints" not in unlocked and "io.verlbox.lock.hash" not in unlocked
 
 

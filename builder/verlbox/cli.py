@@ -29,7 +29,12 @@ HANDLERS = {
     "lock": (
         "verlbox.host.commands",
         "lock",
-        "record a built image's exact packages as STEM.lock.txt beside its recipe",
+        "record a built image's exact packages as STEM.lock.json (hashed, per step) beside its recipe",
+    ),
+    "verify": (
+        "verlbox.host.commands",
+        "verify",
+        "compare a built image with its recipe's lock; name every difference",
     ),
     "smoke": ("verlbox.host.commands", "smoke", "run the image's smoke checks in a container and print the table"),
     "shell": ("verlbox.host.commands", "shell", "a shell (or one command) in the image, set up as `train` is"),
@@ -111,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
             "--nodes", type=_positive, help="nodes (default: 1, or the Ray cluster's at RAY_ADDRESS)"
         )
 
+    sub["verify"].add_argument("image", help="a built image (its labels name the recipe)")
+    sub["verify"].add_argument("--recipe", help=f"default: the recipe the image's labels name; {RECIPE_HELP}")
     for name in ("lock", "smoke"):
         sub[name].add_argument("recipe", help=RECIPE_HELP)
         sub[name].add_argument("--image", help="default: verlbox/NAME:VERSION")

@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -18,6 +20,9 @@ from verlbox.files import write_atomically
 from verlbox.host.plan import BuildPlan
 from verlbox.host.recipe import load_recipe, recipe_names
 from verlbox.host.render import render_dockerfile
+
+if TYPE_CHECKING:
+    from verlbox.runtime.smoke import CheckResult
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -114,10 +119,35 @@ def _image(args: argparse.Namespace) -> str:
 
 
 def lock(args: argparse.Namespace) -> int:
-    from verlbox.host.lock import write_lock
+    from verlbox.host.lock import lock_from_image, write_lock
 
-    target, count = write_lock(load_recipe(args.recipe), _image(args))
-    err.print(f"wrote {target} ({count} packages)")
+    recipe = load_recipe(args.recipe)
+    if recipe.lock_path is None:
+        raise UsageError(f"recipe {recipe.name} was not read from a file, so it has no place for a lock")
+    dockerfile = render_dockerfile(BuildPlan(recipe))
+    lock = lock_from_image(recipe.name, recipe.content_hash, dockerfile, _image(args))
+    write_lock(recipe.lock_path, lock)
+    counts = {kind: len(lock.packages(kind)) for kind in ("pip", "apt")}
+    err.print(f"wrote {recipe.lock_path} ({counts['pip']} Python files, {counts['apt']} Debian packages, hashed)")
+    return 0
+
+
+def verify(args: argparse.Namespace) -> int:
+    from verlbox.host.lock import image_labels
+    from verlbox.host.verify import differences
+
+    labels = image_labels(args.image)
+    reference = args.recipe or labels.get("io.verlbox.recipe")
+    if not reference:
+        raise UsageError(f"{args.image} names no recipe (no io.verlbox.recipe label): pass --recipe")
+    recipe = load_recipe(reference)
+    found = differences(recipe, args.image, labels)
+    for difference in found:
+        out.print(difference, markup=False)
+    if found:
+        err.print(f"{args.image} differs from {recipe.lock_path}: {len(found)} difference(s)")
+        return 1
+    err.print(f"{args.image} matches {recipe.lock_path}")
     return 0
 
 
@@ -138,10 +168,26 @@ def smoke(args: argparse.Namespace) -> int:
         raise VerlboxError(
             f"the smoke checks in {image} did not report (exit {run.returncode}): {run.stderr.strip()[-2000:]}"
         ) from None
+    results.insert(0, _lock_check(args, image))
     if args.json:
-        write_atomically(Path(args.json), run.stdout)
+        write_atomically(Path(args.json), json.dumps([asdict(r) for r in results], indent=2) + "\n")
     print_results(results)
     return 1 if any(r.status == "failed" for r in results) else 0
+
+
+def _lock_check(args: argparse.Namespace, image: str) -> CheckResult:
+    """Smoke's host-side row: the image against its recipe's lock (`verlbox verify`)."""
+    from verlbox.host.lock import image_labels
+    from verlbox.host.verify import differences
+    from verlbox.runtime.smoke import CheckResult
+
+    recipe = load_recipe(args.recipe)
+    if recipe.lock_path is None or not recipe.lock_path.is_file():
+        return CheckResult("host", "matches its lock", "skipped", f"recipe {recipe.name} has no lock yet")
+    found = differences(recipe, image, image_labels(image))
+    if found:
+        return CheckResult("host", "matches its lock", "failed", "; ".join(found[:10]))
+    return CheckResult("host", "matches its lock", "passed", f"verlbox verify: {recipe.lock_path.name} matches")
 
 
 def overrides(args: argparse.Namespace) -> int:

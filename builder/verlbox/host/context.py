@@ -1,4 +1,4 @@
-"""The build context: Dockerfile, image spec, build-env.sh, the lock, and verlbox's own package.
+"""The build context: Dockerfile, image spec, build tools and lock slices, Apex's inputs, and verlbox itself.
 
 verlbox's package is copied from wherever it is installed (a checkout, an editable install or a
 wheel), with a minimal pyproject of its own, so building works the same from all three. The same
@@ -40,11 +40,16 @@ include = ["verlbox*"]
 
 def write_context(plan: BuildPlan, directory: Path, sources: BuildSources | None = None) -> Path:
     (directory / "Dockerfile").write_text(render_dockerfile(plan))
-    (directory / "build-env.sh").write_text(
+    tools = directory / "verlbox-build"
+    (tools / "lock").mkdir(parents=True)
+    (tools / "build-env.sh").write_text(
         resources.files("verlbox.host").joinpath("templates", "build-env.sh").read_text()
     )
-    if plan.lock_text:
-        (directory / "constraints.txt").write_text(plan.lock_text)
+    shutil.copy2(paths.PACKAGE_DIR / "runtime" / "build_record.py", tools / "record.py")
+    for step in plan.lock.steps if plan.lock else []:
+        for kind in ("pip", "apt"):
+            if text := plan.lock_slice(step.name, kind):
+                (tools / "lock" / f"{step.name}.{kind}.txt").write_text(text)
     (directory / "image-spec.json").write_text(plan.recipe.image_spec().model_dump_json(indent=2) + "\n")
     if plan.apex:
         # Apex's own folder: its cache key is the plan, the build script and the archive, nothing else

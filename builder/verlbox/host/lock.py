@@ -1,40 +1,133 @@
-"""Lock files: the exact Python packages of a recipe's last good image, STEM.lock.txt beside the recipe.
+"""Lock files: what a recipe's last good build installed, step by step, with hashes.
 
-Written by `verlbox lock` from the image's `pip freeze`, read by the build plan from the same place
-(always by the recipe file's stem), and bind-mounted into every pip install as PIP_CONSTRAINT.
+STEM.lock.json beside the recipe file (always named after the file, whatever `name:` says) holds,
+for each install step, the Python files pip installed (name, version, sha256) and the Debian
+packages apt installed over the base (name, version), plus the base's identity. Builds of a locked
+recipe install each step's slice exactly: `pip install --no-deps --require-hashes` and
+`apt-get install name=version`. `verlbox lock` writes it from a built image's own build record;
+`verlbox verify` compares an image with it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import subprocess
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
 from verlbox.host.engine import require_cli
-from verlbox.host.recipe import RecipeHead
+from verlbox.runtime.build_record import requirement_lines
+
+LOCK_FORMAT = 1
 
 
-def frozen_packages(image: str) -> list[str]:
-    run = subprocess.run(
-        [require_cli(), "run", "--rm", "--entrypoint", "pip", image, "freeze", "--exclude-editable"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+Entries = list[dict[str, str]]
+
+
+class LockStep(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    stage: Literal["final", "builder"]  # a builder stage's packages never reach the image
+    pip: Entries = []
+    apt: Entries = []
+
+
+class Lock(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: int = LOCK_FORMAT
+    recipe: str
+    recipe_hash: str
+    base: dict[str, Any]
+    steps: list[LockStep]  # in build order: a later step may replace what an earlier one installed
+
+    @property
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+
+    def step(self, name: str) -> LockStep | None:
+        return next((step for step in self.steps if step.name == name), None)
+
+    def slice(self, name: str, kind: str) -> str | None:
+        step = self.step(name)
+        entries = getattr(step, kind) if step else None
+        if not entries:
+            return None
+        lines = requirement_lines(entries) if kind == "pip" else [f"{e['name']}={e['version']}" for e in entries]
+        return "\n".join(lines) + "\n"
+
+    def packages(self, kind: str) -> dict[str, str]:
+        """What the final image holds, by name: the last step that installed a package decides its version."""
+        return {e["name"]: e["version"] for step in self.steps if step.stage == "final" for e in getattr(step, kind)}
+
+
+def read_lock(path: Path) -> Lock:
+    try:
+        return Lock.model_validate(json.loads(path.read_text()))
+    except (OSError, ValueError, ValidationError) as exc:
+        raise UsageError(
+            f"{path}: not a verlbox lock ({' '.join(str(exc).split())[:300]}); run `verlbox lock`"
+        ) from None
+
+
+def _docker(*args: str) -> str:
+    run = subprocess.run([require_cli(), *args], capture_output=True, text=True, check=False)
     if run.returncode != 0:
-        raise VerlboxError(f"pip freeze in {image} failed: {run.stderr.strip()[-1000:]}")
-    # verlbox itself is installed from the build context on every build: never a constraint
-    return [line for line in run.stdout.splitlines() if line and not line.startswith("verlbox ")]
+        raise VerlboxError(f"docker {' '.join(args[:4])} failed: {run.stderr.strip()[-1000:]}")
+    return run.stdout
 
 
-def write_lock(recipe: RecipeHead, image: str) -> tuple[str, int]:
-    target = recipe.lock_path
-    if target is None:
-        raise UsageError(f"recipe {recipe.name} was not read from a file, so it has no place for a lock")
-    frozen = frozen_packages(image)
-    header = (
-        f"# pip freeze of {image} (recipe {recipe.name}, hash {recipe.content_hash[:12]}), written by\n"
-        f"# `verlbox lock`. Builds install with these as pip constraints.\n"
-    )
-    write_atomically(target, header + "\n".join(frozen) + "\n")
-    return str(target), len(frozen)
+def image_records(image: str) -> dict[str, dict[str, dict[str, Entries]]]:
+    """The build record an image carries (/opt/verlbox/build-record), read by the image's own Python."""
+    output = _docker("run", "--rm", "--entrypoint", "python", image, "-m", "verlbox.runtime.build_record", "dump")
+    return json.loads(output)
+
+
+def steps_in_build_order(dockerfile: str, records: dict[str, dict[str, dict[str, Entries]]]) -> list[LockStep]:
+    """The recorded steps, ordered as the Dockerfile runs them (each names its step when it records)."""
+    order = list(dict.fromkeys(re.findall(r"verlbox_(?:pip|apt_end) ([a-z0-9-]+)", dockerfile)))
+    steps = []
+    for stage, by_step in (("final", records["image"]), ("builder", records["builder"])):
+        for name, kinds in by_step.items():
+            if name not in order:
+                raise VerlboxError(f"the image records a step {name!r} this recipe's Dockerfile does not have")
+            steps.append(LockStep(name=name, stage=stage, **kinds))
+    return sorted(steps, key=lambda step: order.index(step.name))
+
+
+def image_labels(image: str) -> dict[str, str]:
+    return json.loads(_docker("image", "inspect", "--format", "{{json .Config.Labels}}", image)) or {}
+
+
+def base_identity(reference: str) -> dict[str, Any]:
+    """A base by registry digest where it has one; a local base (debootstrap) by image ID and packages."""
+    inspected = json.loads(_docker("image", "inspect", reference))[0]
+    identity: dict[str, Any] = {"reference": reference, "image_id": inspected["Id"]}
+    if inspected.get("RepoDigests"):
+        identity["digest"] = inspected["RepoDigests"][0]
+    else:
+        packages = _docker(
+            "run", "--rm", "--entrypoint", "dpkg-query", reference, "-W", "-f", "${Package}=${Version}\\n"
+        )
+        identity["packages"] = sorted(packages.split())
+    return identity
+
+
+def lock_from_image(recipe_name: str, recipe_hash: str, dockerfile: str, image: str) -> Lock:
+    labels = image_labels(image)
+    base = labels.get("io.verlbox.base")
+    if not base:
+        raise VerlboxError(f"{image} carries no io.verlbox.base label: build it with this verlbox first")
+    steps = steps_in_build_order(dockerfile, image_records(image))
+    return Lock(recipe=recipe_name, recipe_hash=recipe_hash, base=base_identity(base), steps=steps)
+
+
+def write_lock(path: Path, lock: Lock) -> None:
+    write_atomically(path, json.dumps(lock.model_dump(), indent=1) + "\n")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
@@ -11,6 +10,7 @@ from packaging.utils import canonicalize_name
 
 from verlbox import __version__
 from verlbox.host.components import Apex, Component
+from verlbox.host.lock import Lock, read_lock
 from verlbox.host.recipe import RecipeHead
 from verlbox.runtime.patches import patch_set_for
 
@@ -75,16 +75,20 @@ class BuildPlan:
     @property
     def torch_extra_index(self) -> str:
         """Later pip installs see torch's own index too, so that the pinned torch stays resolvable."""
-        return '--extra-index-url "$VERLBOX_TORCH_INDEX_URL" ' if self.torch_index else ""
+        return 'export PIP_EXTRA_INDEX_URL="$VERLBOX_TORCH_INDEX_URL" && ' if self.torch_index else ""
 
     @property
     def apex(self) -> Apex | None:
         return self.recipe.apex  # type: ignore[attr-defined]
 
     @cached_property
-    def lock_text(self) -> str | None:
-        lock = self.recipe.lock_path
-        return lock.read_text() if lock and lock.is_file() else None
+    def lock(self) -> Lock | None:
+        path = self.recipe.lock_path
+        return read_lock(path) if path and path.is_file() else None
+
+    def lock_slice(self, step: str, kind: str) -> str | None:
+        """What a step installs under the lock: pip requirements with hashes, or apt `name=version` lines."""
+        return self.lock.slice(step, kind) if self.lock else None
 
     @cached_property
     def patch_set_hash(self) -> str:
@@ -98,11 +102,12 @@ class BuildPlan:
             "io.verlbox.version": self.verlbox_version,
             "io.verlbox.recipe": self.recipe.name,
             "io.verlbox.recipe.hash": self.recipe.content_hash,
+            "io.verlbox.base": self.base_image,
             "io.verlbox.target-gpus": ",".join(self.recipe.target_gpus),
             "io.verlbox.verl-patch-set.hash": self.patch_set_hash,
         }
-        if self.lock_text:
-            labels["io.verlbox.lock.hash"] = hashlib.sha256(self.lock_text.encode()).hexdigest()
+        if self.lock:
+            labels["io.verlbox.lock.hash"] = self.lock.content_hash
         for component, version in self.recipe.pins().items():
             labels[f"io.verlbox.pin.{canonicalize_name(component)}"] = version  # label keys are lowercase
         return labels

@@ -26,7 +26,7 @@ from verlbox.host.schema import ComputeCapability, Digest, Slug, Strict, Text
 from verlbox.runtime.gpu import UnsupportedGpu, capability_for
 from verlbox.runtime.spec import ImageSpec
 
-LOCK_SUFFIX = ".lock.txt"
+LOCK_SUFFIX = ".lock.json"
 
 
 class Bootstrap(Strict):
@@ -98,7 +98,7 @@ class RecipeHead(Strict):
 
     @property
     def lock_path(self) -> Path | None:
-        """STEM.lock.txt beside the recipe file: where `verlbox lock` writes and builds read."""
+        """STEM.lock.json beside the recipe file: where `verlbox lock` writes and builds read."""
         return None if self._source is None else self._source.with_name(self._source.stem + LOCK_SUFFIX)
 
     @cached_property

@@ -73,8 +73,8 @@ class Apex(Component):
 # is visible during a build, so the architectures come from the recipe). Only the wheel leaves this stage.
 {% if c.toolkit %}
 # CUDA toolkit from Debian {{ c.toolkit.suite | q }} ({{ c.toolkit.components | words }}), unpacked at / without apt's dependency resolution
-{{ m.apt_install(plan, ["g++"]) }}
-{{ m.run(plan, constrained=False) }} verlbox_apt_trust_ca \\
+{{ m.apt_install(plan, "apex-compiler", ["g++"]) }}
+{{ m.run(plan) }} verlbox_apt_trust_ca \\
     && verlbox_debian_sources {{ c.toolkit.suite | q }} {{ c.toolkit.components | words }} >/etc/apt/sources.list.d/verlbox-toolkit.list \\
     && apt-get update \\
     && mkdir -p /tmp/toolkit && cd /tmp/toolkit \\
@@ -83,14 +83,16 @@ class Apex(Component):
     && cd / && rm -rf /tmp/toolkit /etc/apt/sources.list.d/verlbox-toolkit.list /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca
 ENV CUDA_HOME={{ c.toolkit.cuda_home | q }}
 {% endif %}
-{{ m.run(plan, constrained=False) }} pip install {{ c.build_requirements.items() | map("join", "==") | words }}
+{{ m.run(plan, "apex-build-tools", "pip") }} verlbox_pip apex-build-tools {{ c.build_requirements.items() | map("join", "==") | words }}
 RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \\
-    python3 /tmp/verlbox-apex/apex_build.py /tmp/verlbox-apex/plan.json /tmp/verlbox-apex/{{ c.archive_name | q }} /wheels
+    python3 /tmp/verlbox-apex/apex_build.py /tmp/verlbox-apex/plan.json /tmp/verlbox-apex/{{ c.archive_name | q }} /wheels \\
+    && cp -r /opt/verlbox/build-record /wheels/build-record
 {%- endmacro %}
 {% macro final(c, plan) -%}
 # the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
 RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \\
     pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \\
+    && mkdir -p /opt/verlbox/build-record/builder && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/builder/ \\
     && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
 {%- endmacro %}
 """

@@ -21,7 +21,7 @@ class Cudnn(Component):
 {% import "_macros.j2" as m %}
 {% macro system(c, plan) -%}
 # cuDNN {{ c.version | q }} from NVIDIA's CUDA apt repository: the base holds an older one
-{{ m.apt_install(plan, ["libcudnn8=" ~ c.apt_version, "libcudnn8-dev=" ~ c.apt_version],
+{{ m.apt_install(plan, "cudnn", ["libcudnn8=" ~ c.apt_version, "libcudnn8-dev=" ~ c.apt_version],
                  "--allow-change-held-packages --allow-downgrades") }} \\
     && apt-mark hold libcudnn8 libcudnn8-dev
 {%- endmacro %}

@@ -34,6 +34,6 @@ class Torch(Component):
 {% import "_macros.j2" as m %}
 {% macro system(c, plan) -%}
 # PyTorch {{ c.version | q }}{% if c.index %} from the {{ c.index | q }} wheel index{% endif %}: the largest layer, kept early
-{{ m.run(plan) }} pip install {% if c.index %}--index-url "$VERLBOX_TORCH_INDEX_URL" {% endif %}{{ c.requirements() | words }}
+{{ m.run(plan, "torch", "pip") }} {% if c.index %}export PIP_INDEX_URL="$VERLBOX_TORCH_INDEX_URL" && {% endif %}verlbox_pip torch {{ c.requirements() | words }}
 {%- endmacro %}
 """

@@ -25,11 +25,11 @@ class Verl(Component):
 {% import "_macros.j2" as m %}
 {% macro final(c, plan) -%}
 # verl {{ c.version | q }}'s dependencies, each pinned (verl itself goes in with --no-deps)
-{{ m.run(plan) }} pip install {{ plan.torch_extra_index }}\\
+{{ m.run(plan, "verl-deps", "pip") }} {{ plan.torch_extra_index }}verlbox_pip verl-deps \\
 {% for requirement in c.requirements() %}
        {{ requirement | q }} \\
 {% endfor %}
        {{ plan.recipe.torch.requirements() | words }}
-{{ m.run(plan) }} pip install --no-deps {{ ("verl==" ~ c.version) | q }}
+{{ m.run(plan, "verl", "pip") }} verlbox_pip verl --no-deps {{ ("verl==" ~ c.version) | q }}
 {%- endmacro %}
 """

@@ -18,6 +18,49 @@ verlbox_apt_trust_ca() {
     echo 'Acquire::https::CAInfo "/run/secrets/ca_bundle";' >/etc/apt/apt.conf.d/99verlbox-ca
   fi
 }
+
+# pip install for build step STEP. With the recipe's lock, exactly the step's locked files (by hash,
+# no resolver); without, the requirements given. Either way the step's record says what went in.
+verlbox_pip() {
+  step="$1"
+  shift
+  if [ -f "/tmp/verlbox/lock/$step.pip.txt" ]; then
+    pip install --no-deps --require-hashes --report /tmp/verlbox-report.json -r "/tmp/verlbox/lock/$step.pip.txt"
+  else
+    pip install --report /tmp/verlbox-report.json "$@"
+  fi
+  python3 /tmp/verlbox/record.py pip "$step" /tmp/verlbox-report.json
+  rm -f /tmp/verlbox-report.json
+}
+
+# apt steps: trust the CA, use the build's mirror if one is given (the base's sources come back after),
+# install the locked versions if the lock has the step, and record what changed.
+verlbox_apt_begin() {
+  verlbox_apt_trust_ca
+  if [ -s /run/secrets/apt_mirror ]; then
+    mkdir -p /tmp/verlbox-apt-sources && cp -a /etc/apt/sources.list /etc/apt/sources.list.d /tmp/verlbox-apt-sources/ 2>/dev/null || true
+    sed -i "s|^URIs: .*|URIs: $(cat /run/secrets/apt_mirror)|" /etc/apt/sources.list.d/*.sources 2>/dev/null || true
+    sed -i -E "s|^(deb(-src)? (\[[^]]*\] )?)[^ ]+|\1$(cat /run/secrets/apt_mirror)|" /etc/apt/sources.list 2>/dev/null || true
+  fi
+  dpkg-query -W -f '${Package}=${Version}\n' | sort >/tmp/verlbox-dpkg-before
+}
+verlbox_apt_packages() {
+  step="$1"
+  shift
+  if [ -f "/tmp/verlbox/lock/$step.apt.txt" ]; then
+    cat "/tmp/verlbox/lock/$step.apt.txt"
+  else
+    echo "$@"
+  fi
+}
+verlbox_apt_end() {
+  dpkg-query -W -f '${Package}=${Version}\n' | sort >/tmp/verlbox-dpkg-after
+  python3 /tmp/verlbox/record.py apt "$1" /tmp/verlbox-dpkg-before /tmp/verlbox-dpkg-after
+  if [ -d /tmp/verlbox-apt-sources ]; then
+    cp -a /tmp/verlbox-apt-sources/. /etc/apt/ && rm -rf /tmp/verlbox-apt-sources
+  fi
+  rm -rf /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca /tmp/verlbox-dpkg-before /tmp/verlbox-dpkg-after
+}
 # One-line apt source for SUITE with COMPONENTS, on the mirror the base image already uses
 # (or the build's apt_mirror secret): verlbox never names a mirror of its own.
 verlbox_debian_sources() {

@@ -1,0 +1,107 @@
+"""`verlbox verify IMAGE`: a built image against its recipe and lock, one line per difference.
+
+Compared: the recipe hash, patch set hash and lock hash the image's labels carry; every Python
+distribution and version installed (pip's own view inside the image) against the lock; every locked
+Debian package's installed version; the base's identity (registry digest, or for a local base its
+package list); Apex's recorded source commit against the recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from packaging.utils import canonicalize_name
+
+from verlbox.errors import UsageError, VerlboxError
+from verlbox.host.engine import require_cli
+from verlbox.host.lock import Lock, base_identity, read_lock
+from verlbox.host.plan import BuildPlan
+from verlbox.host.recipe import RecipeHead
+
+# installed from the build context or compiled in the build, never from an index: checked otherwise
+NOT_FROM_AN_INDEX = {"verlbox", "apex"}
+
+_PROBE = """
+import importlib.metadata as m, json, subprocess
+pip = {d.metadata["Name"]: d.version for d in m.distributions()}
+apt = subprocess.run(["dpkg-query", "-W", "-f", "${Package}=${Version}\\\\n"], capture_output=True, text=True).stdout
+try:
+    apex = json.loads(m.distribution("apex").read_text("verlbox-source.json") or "{}").get("commit")
+except m.PackageNotFoundError:
+    apex = None
+print(json.dumps({"pip": pip, "apt": apt.split(), "apex": apex}))
+"""
+
+
+def _inspect(image: str) -> dict:
+    run = subprocess.run(
+        [require_cli(), "run", "--rm", "--entrypoint", "python", image, "-c", _PROBE],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if run.returncode != 0:
+        raise UsageError(f"{image}: cannot look inside ({run.stderr.strip()[-500:]})")
+    return json.loads(run.stdout)
+
+
+def _compare(kind: str, locked: dict[str, str], installed: dict[str, str]) -> list[str]:
+    found = []
+    for name, version in sorted(locked.items()):
+        have = installed.get(name)
+        if have != version:
+            found.append(f"{kind} {name}: lock {version}, image {have or 'absent'}")
+    return found
+
+
+def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> list[str]:
+    if recipe.lock_path is None or not recipe.lock_path.is_file():
+        raise UsageError(f"recipe {recipe.name} has no lock ({recipe.lock_path}): run `verlbox lock` first")
+    lock: Lock = read_lock(recipe.lock_path)
+    plan = BuildPlan(recipe)
+    found = []
+    for label, expected in (
+        ("io.verlbox.recipe.hash", recipe.content_hash),
+        ("io.verlbox.verl-patch-set.hash", plan.patch_set_hash),
+        ("io.verlbox.lock.hash", lock.content_hash),
+    ):
+        if labels.get(label) != expected:
+            found.append(f"label {label}: image {labels.get(label) or 'absent'}, expected {expected}")
+    if lock.recipe_hash != recipe.content_hash:
+        found.append(
+            f"lock {recipe.lock_path.name} was made for recipe hash {lock.recipe_hash[:12]}: run `verlbox lock`"
+        )
+    inside = _inspect(image)
+    pip_installed = {canonicalize_name(name): version for name, version in inside["pip"].items()}
+    pip_locked = {canonicalize_name(name): version for name, version in lock.packages("pip").items()}
+    found += _compare("python", pip_locked, pip_installed)
+    unlocked = sorted(set(pip_installed) - set(pip_locked) - NOT_FROM_AN_INDEX)
+    found += [f"python {name}: image {pip_installed[name]}, not in the lock" for name in unlocked]
+    apt_installed = dict(line.split("=", 1) for line in inside["apt"])
+    found += _compare("debian", lock.packages("apt"), apt_installed)
+    apex = getattr(recipe, "apex", None)
+    if apex and inside["apex"] != apex.commit:
+        found.append(f"apex: image built from {inside['apex'] or 'an unrecorded source'}, recipe pins {apex.commit}")
+    found += _base_differences(lock, labels.get("io.verlbox.base"))
+    return found
+
+
+def _base_differences(lock: Lock, reference: str | None) -> list[str]:
+    if not reference:
+        return ["label io.verlbox.base: absent (built by an older verlbox)"]
+    try:
+        current = base_identity(reference)
+    except VerlboxError as exc:  # the base may be gone from this engine: say so, it is not a match
+        return [f"base {reference}: not on this engine, cannot compare ({exc})"]
+    if "digest" in lock.base:
+        return (
+            []
+            if current.get("digest") == lock.base["digest"]
+            else [f"base {reference}: digest {current.get('digest')}, lock {lock.base['digest']}"]
+        )
+    # a local base (debootstrap) differs in file times from run to run: its packages are its identity
+    locked, have = set(lock.base.get("packages", [])), set(current.get("packages", []))
+    return [f"base package {line}: lock only" for line in sorted(locked - have)] + [
+        f"base package {line}: base only" for line in sorted(have - locked)
+    ]
