@@ -11,11 +11,13 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
+# the package list is split into words on purpose: names, or name=version lines from the lock
+# hadolint ignore=SC2046
 RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false \
     . /tmp/verlbox/build-env.sh && verlbox_apt_begin \
     && apt-get update \
     && apt-get install -y --no-install-recommends $(verlbox_apt_packages python ca-certificates python3 python3-venv python3-dev) \
-    && verlbox_apt_end python \
+    && verlbox_apt_end python && rm -rf /var/lib/apt/lists/* \
     && python3 -c 'import sys; assert "%d.%d" % sys.version_info[:2] == sys.argv[1], "base image has Python %d.%d" % sys.version_info[:2]' 3.11
 RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     . /tmp/verlbox/build-env.sh && python3 -m venv /opt/venv && verlbox_pip python pip==25.1.1
@@ -27,19 +29,22 @@ FROM system AS apex-build
 # NVIDIA Apex e13873debc4699d39c6861074b9a3b2a02327f92 from its hashed archive, compiled for sm 6.1 (no GPU
 # is visible during a build, so the architectures come from the recipe). Only the wheel leaves this stage.
 # CUDA toolkit from Debian trixie (main contrib non-free), unpacked at / without apt's dependency resolution
+# the package list is split into words on purpose: names, or name=version lines from the lock
+# hadolint ignore=SC2046
 RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false \
     . /tmp/verlbox/build-env.sh && verlbox_apt_begin \
     && apt-get update \
     && apt-get install -y --no-install-recommends $(verlbox_apt_packages apex-compiler g++) \
-    && verlbox_apt_end apex-compiler
+    && verlbox_apt_end apex-compiler && rm -rf /var/lib/apt/lists/*
+WORKDIR /tmp/toolkit
 RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     . /tmp/verlbox/build-env.sh && verlbox_apt_trust_ca \
     && verlbox_debian_sources trixie main contrib non-free >/etc/apt/sources.list.d/verlbox-toolkit.list \
     && apt-get update \
-    && mkdir -p /tmp/toolkit && cd /tmp/toolkit \
     && apt-get download 'nvidia-cuda-toolkit=12.4.131~12.4.1-2' 'nvidia-cuda-dev=12.4.127~12.4.1-2' 'libnvvm4=12.4.131~12.4.1-2' 'libcudart12=12.4.127~12.4.1-2' libthrust-dev=2.3.2-2 libcub-dev=2.3.2-2 libcu++-dev=2.3.2-2 \
     && for deb in ./*.deb; do dpkg -x "$deb" /; done \
-    && cd / && rm -rf /tmp/toolkit /etc/apt/sources.list.d/verlbox-toolkit.list /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca
+    && rm -rf ./*.deb /etc/apt/sources.list.d/verlbox-toolkit.list /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca
+WORKDIR /
 ENV CUDA_HOME=/usr
 RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     . /tmp/verlbox/build-env.sh && verlbox_pip apex-build-tools packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4
@@ -51,7 +56,7 @@ FROM system AS final
 # the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
 RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
     pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \
-    && mkdir -p /opt/verlbox/build-record && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/ \
+    && mkdir -p /opt/verlbox/build-record/builder && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/builder/ \
     && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
 # verl 0.4.1's dependencies, each pinned (verl itself goes in with --no-deps)
 RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \

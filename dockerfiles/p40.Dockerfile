@@ -11,20 +11,24 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
+# the package list is split into words on purpose: names, or name=version lines from the lock
+# hadolint ignore=SC2046
 RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false \
     . /tmp/verlbox/build-env.sh && verlbox_apt_begin \
     && apt-get update \
     && apt-get install -y --no-install-recommends $(verlbox_apt_packages python ca-certificates python3 python3-venv python3-dev) \
-    && verlbox_apt_end python \
+    && verlbox_apt_end python && rm -rf /var/lib/apt/lists/* \
     && python3 -c 'import sys; assert "%d.%d" % sys.version_info[:2] == sys.argv[1], "base image has Python %d.%d" % sys.version_info[:2]' 3.10
 RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     . /tmp/verlbox/build-env.sh && python3 -m venv /opt/venv && verlbox_pip python pip==25.1.1
 # cuDNN 8.9.7.29 from NVIDIA's CUDA apt repository: the base holds an older one
+# the package list is split into words on purpose: names, or name=version lines from the lock
+# hadolint ignore=SC2046
 RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false \
     . /tmp/verlbox/build-env.sh && verlbox_apt_begin \
     && apt-get update \
     && apt-get install -y --no-install-recommends --allow-change-held-packages --allow-downgrades $(verlbox_apt_packages cudnn libcudnn8=8.9.7.29-1+cuda11.8 libcudnn8-dev=8.9.7.29-1+cuda11.8) \
-    && verlbox_apt_end cudnn \
+    && verlbox_apt_end cudnn && rm -rf /var/lib/apt/lists/* \
     && apt-mark hold libcudnn8 libcudnn8-dev
 # PyTorch 2.6.0+cu118 from the pytorch-cu118 wheel index: the largest layer, kept early
 RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
@@ -43,7 +47,7 @@ FROM system AS final
 # the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
 RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
     pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \
-    && mkdir -p /opt/verlbox/build-record && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/ \
+    && mkdir -p /opt/verlbox/build-record/builder && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/builder/ \
     && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
 # vLLM 0.8.5.post1; kernels for sm 7.0 7.5 8.0 8.6 8.9 9.0
 RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \

@@ -33,7 +33,8 @@ def test_shipped_recipes_load_with_their_pins() -> None:
     assert p40.verl.version == "0.4.1" and "flash-attn" not in p40.verl.dependencies
     cu124 = load_recipe("p40-cu124")
     assert (cu124.base.image, cu124.python.version, cu124.torch.version) == ("debian:bookworm-slim", "3.11", "2.6.0")
-    assert cu124.apex is None and cu124.vllm is None and cu124.cudnn is None
+    assert cu124.vllm is None and cu124.cudnn is None
+    assert cu124.apex is not None and cu124.apex.commit == p40.apex.commit
     assert cu124.base.bootstrap is not None and cu124.base.bootstrap.suite == "bookworm"
     assert cu124.target_gpus == ["6.1"]
 

@@ -84,21 +84,30 @@ def _docker(*args: str) -> str:
     return run.stdout
 
 
-def image_records(image: str) -> dict[str, dict[str, dict[str, Entries]]]:
+def image_records(image: str) -> dict[str, dict[str, Entries]]:
     """The build record an image carries (/opt/verlbox/build-record), read by the image's own Python."""
     output = _docker("run", "--rm", "--entrypoint", "python", image, "-m", "verlbox.runtime.build_record", "dump")
     return json.loads(output)
 
 
-def steps_in_build_order(dockerfile: str, records: dict[str, dict[str, dict[str, Entries]]]) -> list[LockStep]:
-    """The recorded steps, ordered as the Dockerfile runs them (each names its step when it records)."""
-    order = list(dict.fromkeys(re.findall(r"verlbox_(?:pip|apt_end) ([a-z0-9-]+)", dockerfile)))
+def steps_in_build_order(dockerfile: str, records: dict[str, dict[str, Entries]]) -> list[LockStep]:
+    """The recorded steps, in the order the Dockerfile runs them (each step names itself when it records).
+
+    A step in a `*-build` stage is a builder step: its packages build something (Apex) and stay there.
+    """
+    order: list[str] = []
+    builder: set[str] = set()
+    for stage in re.split(r"^FROM ", dockerfile, flags=re.MULTILINE)[1:]:
+        name = stage.split("\n", 1)[0].rsplit(" AS ", 1)[-1]
+        for step in re.findall(r"verlbox_(?:pip|apt_end) ([a-z0-9-]+)", stage):
+            order.append(step)
+            if name.endswith("-build"):
+                builder.add(step)
     steps = []
-    for stage, by_step in (("final", records["image"]), ("builder", records["builder"])):
-        for name, kinds in by_step.items():
-            if name not in order:
-                raise VerlboxError(f"the image records a step {name!r} this recipe's Dockerfile does not have")
-            steps.append(LockStep(name=name, stage=stage, **kinds))
+    for name, kinds in records.items():
+        if name not in order:
+            raise VerlboxError(f"the image records a step {name!r} this recipe's Dockerfile does not have")
+        steps.append(LockStep(name=name, stage="builder" if name in builder else "final", **kinds))
     return sorted(steps, key=lambda step: order.index(step.name))
 
 

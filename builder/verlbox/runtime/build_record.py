@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
         _write(argv[1], "apt", apt_record(Path(argv[2]).read_text(), Path(argv[3]).read_text()))
     elif argv[:1] == ["dump"]:
         # the final image's own steps, and those of build stages whose output it carries (Apex's)
-        print(json.dumps({"image": read_records(), "builder": read_records(RECORD_DIR / "builder")}, sort_keys=True))
+        print(json.dumps(read_records() | read_records(RECORD_DIR / "builder"), sort_keys=True))
     else:
         print(__doc__, file=sys.stderr)
         return 2

@@ -74,13 +74,14 @@ class Apex(Component):
 {% if c.toolkit %}
 # CUDA toolkit from Debian {{ c.toolkit.suite | q }} ({{ c.toolkit.components | words }}), unpacked at / without apt's dependency resolution
 {{ m.apt_install(plan, "apex-compiler", ["g++"]) }}
+WORKDIR /tmp/toolkit
 {{ m.run(plan) }} verlbox_apt_trust_ca \\
     && verlbox_debian_sources {{ c.toolkit.suite | q }} {{ c.toolkit.components | words }} >/etc/apt/sources.list.d/verlbox-toolkit.list \\
     && apt-get update \\
-    && mkdir -p /tmp/toolkit && cd /tmp/toolkit \\
     && apt-get download {% for name, version in c.toolkit.packages.items() %}{{ (name ~ "=" ~ version) | q }} {% endfor %}\\
     && for deb in ./*.deb; do dpkg -x "$deb" /; done \\
-    && cd / && rm -rf /tmp/toolkit /etc/apt/sources.list.d/verlbox-toolkit.list /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca
+    && rm -rf ./*.deb /etc/apt/sources.list.d/verlbox-toolkit.list /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca
+WORKDIR /
 ENV CUDA_HOME={{ c.toolkit.cuda_home | q }}
 {% endif %}
 {{ m.run(plan, "apex-build-tools", "pip") }} verlbox_pip apex-build-tools {{ c.build_requirements.items() | map("join", "==") | words }}

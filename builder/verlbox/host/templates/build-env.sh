@@ -59,7 +59,7 @@ verlbox_apt_end() {
   if [ -d /tmp/verlbox-apt-sources ]; then
     cp -a /tmp/verlbox-apt-sources/. /etc/apt/ && rm -rf /tmp/verlbox-apt-sources
   fi
-  rm -rf /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca /tmp/verlbox-dpkg-before /tmp/verlbox-dpkg-after
+  rm -rf /etc/apt/apt.conf.d/99verlbox-ca /tmp/verlbox-dpkg-before /tmp/verlbox-dpkg-after
 }
 # One-line apt source for SUITE with COMPONENTS, on the mirror the base image already uses
 # (or the build's apt_mirror secret): verlbox never names a mirror of its own.
