@@ -31,6 +31,7 @@ from ppo_gpu import _metrics, prepare
 from verlbox.host.recipe import load_recipe
 from verlbox.runtime.memory_cap import SITECUSTOMIZE_DIR
 
+SKIP_STEPS = 2  # warm-up steps left out of the medians (--skip-steps)
 OLD_SINGLE_GPU = [
     "data.train_batch_size=16",
     "actor_rollout_ref.actor.ppo_mini_batch_size=16",
@@ -84,9 +85,9 @@ class Run:
 
     def summary(self) -> dict[str, object]:
         ordered = [self.steps[k] for k in sorted(self.steps)]
-        steady = [s["timing_s/step"] for s in ordered[2:] if "timing_s/step" in s]
+        steady = [s["timing_s/step"] for s in ordered[SKIP_STEPS:] if "timing_s/step" in s]
         median = statistics.median(steady) if steady else float("nan")
-        gen = [s.get("timing_s/gen", float("nan")) for s in ordered[2:]]
+        gen = [s.get("timing_s/gen", float("nan")) for s in ordered[SKIP_STEPS:]]
         return {
             "run": self.name,
             "topology": self.topology,
@@ -114,7 +115,16 @@ def start_node(gpus: str, port: int, env: dict[str, str], head: int | None = Non
     """A Ray node holding `gpus`; distinct ports, since several nodes share this host."""
     node_env = env | {"CUDA_VISIBLE_DEVICES": gpus}
     offset = port - 6380
-    ports = ["--dashboard-agent-listen-port", str(52365 + offset), "--num-cpus", "12", "--disable-usage-stats"]
+    # each node its own worker port range: with Ray's default one, two clusters' drivers both took 10002
+    workers = ["--min-worker-port", str(10002 + 1000 * offset), "--max-worker-port", str(10999 + 1000 * offset)]
+    ports = [
+        "--dashboard-agent-listen-port",
+        str(52365 + offset),
+        *workers,
+        "--num-cpus",
+        "12",
+        "--disable-usage-stats",
+    ]
     if head is None:
         ray("start", "--head", "--port", str(port), "--include-dashboard", "false",
             "--ray-client-server-port", str(23001 + offset), *ports, env=node_env)  # fmt: skip
@@ -162,6 +172,7 @@ def phase_nodes(base: dict[str, str], out: Path, checkpoints: Path, budget: floa
 
 
 def main() -> int:
+    global SKIP_STEPS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/verlbox-bench"))
@@ -169,7 +180,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5, help="steps of each throughput run")
     parser.add_argument("--budget-s", type=float, action="append", help="per phase, in --phase order")
     parser.add_argument("--gpu-memory-gib", default="24")
+    parser.add_argument("--skip-steps", type=int, default=SKIP_STEPS, help="warm-up steps left out of the medians")
     args = parser.parse_args()
+    SKIP_STEPS = args.skip_steps
     args.out.mkdir(parents=True, exist_ok=True)
     model, data = prepare(args.workdir)
     spec = args.workdir / "image-spec.json"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,13 @@ from verlbox.host.recipe import load_recipe
 from verlbox.runtime.overrides import OverrideError, override_value
 from verlbox.runtime.patches import patch_set_for
 from verlbox.runtime.profile import Topology, TrainingPlan
-from verlbox.runtime.train import merge_overrides, resolve_topology, verified_overrides
+from verlbox.runtime.train import (
+    merge_overrides,
+    ray_job_config,
+    resolve_topology,
+    train_environment,
+    verified_overrides,
+)
 
 PATCH_SET = patch_set_for("0.4.1")
 
@@ -109,3 +116,15 @@ def test_overrides_cli_scales_by_flags(verl_config_dir: Path) -> None:
 def test_several_nodes_without_a_ray_cluster_is_refused() -> None:
     with pytest.raises(UsageError, match="2 nodes need a Ray cluster: set RAY_ADDRESS"):
         resolve_topology(1, 2, [], {}, console=None)  # type: ignore[arg-type]
+
+
+def test_in_a_ray_cluster_the_profiles_variables_and_the_cap_reach_the_workers() -> None:
+    scaled = plan(1, 2)
+    env = train_environment(scaled, {"RAY_ADDRESS": "10.0.0.1:6379", "PYTHONPATH": "/x"}, 24)
+    env_vars = json.loads(env["RAY_JOB_CONFIG_JSON_ENV_VAR"])["runtime_env"]["env_vars"]
+    assert env_vars["PYTORCH_CUDA_ALLOC_CONF"] == scaled.environment["PYTORCH_CUDA_ALLOC_CONF"]
+    assert env_vars["VERLBOX_GPU_MEMORY_GIB"] == "24" and env_vars["PYTHONPATH"].endswith(":/x")
+    assert "RAY_JOB_CONFIG_JSON_ENV_VAR" not in train_environment(scaled, {}, None)
+    # a job config from `ray job submit` keeps its own variables
+    merged = ray_job_config(json.dumps({"runtime_env": {"env_vars": {"A": "1"}}, "x": 2}), {"B": "2"})
+    assert json.loads(merged) == {"runtime_env": {"env_vars": {"A": "1", "B": "2"}}, "x": 2}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import shlex
 import sys
@@ -29,6 +30,7 @@ from verlbox.runtime.spec import ImageSpec
 
 DEFAULT_RAW_GSM8K = "/data/gsm8k-raw"
 DATA_KEYS = ("data.train_files", "data.val_files")
+RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
 def merge_overrides(profile: list[str], user: list[str]) -> list[str]:
@@ -108,11 +110,23 @@ def _user_int(user: list[str], key: str) -> int | None:
 
 
 def train_environment(plan: TrainingPlan, environ: dict[str, str], gpu_memory_gib: float | None) -> dict[str, str]:
-    env = dict(environ) | plan.environment
+    worker_env = dict(plan.environment)
     if gpu_memory_gib:
-        env["VERLBOX_GPU_MEMORY_GIB"] = f"{gpu_memory_gib:g}"
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITECUSTOMIZE_DIR), environ.get("PYTHONPATH")]))
+        worker_env["VERLBOX_GPU_MEMORY_GIB"] = f"{gpu_memory_gib:g}"
+        worker_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITECUSTOMIZE_DIR), environ.get("PYTHONPATH")]))
+    env = dict(environ) | worker_env
+    if environ.get("RAY_ADDRESS"):
+        env[RAY_JOB_CONFIG] = ray_job_config(environ.get(RAY_JOB_CONFIG), worker_env)
     return env
+
+
+def ray_job_config(existing: str | None, worker_env: dict[str, str]) -> str:
+    """In a running Ray cluster verl's workers start from each node's raylet, not from this process, so
+    they would miss the profile's variables (and the memory cap). Ray merges the env_vars of this job
+    config (what `ray job submit` uses) into those verl passes to ray.init."""
+    config = json.loads(existing or "{}")
+    config.setdefault("runtime_env", {}).setdefault("env_vars", {}).update(worker_env)
+    return json.dumps(config)
 
 
 def train_command(overrides: list[str]) -> list[str]:
