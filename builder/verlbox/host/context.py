@@ -7,6 +7,7 @@ plan and package give the same bytes, so the layer cache holds.
 
 from __future__ import annotations
 
+import json
 import shutil
 from importlib import resources
 from pathlib import Path
@@ -50,6 +51,8 @@ def write_context(plan: BuildPlan, directory: Path, sources: BuildSources | None
         for kind in ("pip", "apt"):
             if text := plan.lock_slice(step.name, kind):
                 (tools / "lock" / f"{step.name}.{kind}.txt").write_text(text)
+        if step.pip:  # the step's record, when the build installs exactly these
+            (tools / "lock" / f"{step.name}.pip.json").write_text(json.dumps(step.pip, indent=1) + "\n")
     (directory / "image-spec.json").write_text(plan.recipe.image_spec().model_dump_json(indent=2) + "\n")
     if plan.apex:
         # Apex's own folder: its cache key is the plan, the build script and the archive, nothing else

@@ -77,6 +77,8 @@ def _write(step: str, kind: str, entries: list[dict], directory: Path = RECORD_D
 def main(argv: list[str]) -> int:
     if len(argv) >= 3 and argv[0] == "pip":
         _write(argv[1], "pip", pip_record(json.loads(Path(argv[2]).read_text())))
+    elif len(argv) >= 3 and argv[0] == "copy":  # a locked step: its lock entries are what went in, by hash
+        _write(argv[1], "pip", json.loads(Path(argv[2]).read_text()))
     elif len(argv) >= 4 and argv[0] == "apt":
         _write(argv[1], "apt", apt_record(Path(argv[2]).read_text(), Path(argv[3]).read_text()))
     elif argv[:1] == ["dump"]:

@@ -415,7 +415,7 @@ def check_ppo_two_steps(ctx: SmokeContext) -> str:
         SPEC_VARIABLE: str(ctx.spec_file),
     }
     result = subprocess.run(
-        [sys.executable, "-m", "verlbox.cli", "train", "--", *overrides],
+        [sys.executable, "-m", "verlbox.cli", "train", "--gpus-per-node", "1", "--", *overrides],
         capture_output=True,
         text=True,
         check=False,

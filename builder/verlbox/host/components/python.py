@@ -15,6 +15,8 @@ class Python(Component):
     required = True
     version: Annotated[Text, Field(pattern=r"^3\.[0-9]+$")]
     pip: ExactVersion = "25.1.1"
+    # installs locked steps (by hash, no resolver): measured about 5x faster than pip (docs/benchmarks.md)
+    uv: ExactVersion = "0.9.5"
 
     def pins(self) -> dict[str, str]:
         return {"python": self.version}
@@ -31,6 +33,6 @@ ENV DEBIAN_FRONTEND=noninteractive \\
     PATH=/opt/venv/bin:$PATH
 {{ m.apt_install(plan, "python", ["ca-certificates", "python3", "python3-venv", "python3-dev"]) }} \\
     && python3 -c 'import sys; assert "%d.%d" % sys.version_info[:2] == sys.argv[1], "base image has Python %d.%d" % sys.version_info[:2]' {{ c.version | q }}
-{{ m.run(plan, "python", "pip") }} python3 -m venv /opt/venv && verlbox_pip python {{ ("pip==" ~ c.pip) | q }}
+{{ m.run(plan, "python", "pip") }} python3 -m venv /opt/venv && verlbox_pip python {{ ("pip==" ~ c.pip) | q }} {{ ("uv==" ~ c.uv) | q }}
 {%- endmacro %}
 """
