@@ -257,33 +257,33 @@ def check_cluster_gpus(nodes: list[NodeFacts], gpus_per_node: int, nnodes: int) 
     )
 
 
-def check_cluster_compute_capability(nodes: list[NodeFacts], targets: list[str]) -> Check:
+def _on_gpu_nodes(name: str, nodes: list[NodeFacts], single_host: Callable[[GpuFacts], Check], summary: str) -> Check:
+    """A single-host GPU check, run on every node that has GPUs; failures name the node."""
     with_gpus = [node for node in nodes if node.gpu and node.gpu.devices]
-    return _per_node(
+    return _per_node(name, with_gpus, lambda node: single_host(node.gpu), summary)  # type: ignore[arg-type]
+
+
+def check_cluster_compute_capability(nodes: list[NodeFacts], targets: list[str]) -> Check:
+    return _on_gpu_nodes(
         "cluster compute capability",
-        with_gpus,
-        lambda node: check_compute_capability(node.gpu, targets),  # type: ignore[arg-type]
-        f"every GPU of {len(with_gpus)} node(s) runs this image's code (targets {', '.join(targets)})",
+        nodes,
+        lambda gpu: check_compute_capability(gpu, targets),
+        f"every node's GPUs run this image's code (targets {', '.join(targets)})",
     )
 
 
 def check_cluster_driver(nodes: list[NodeFacts], image_cuda: str) -> Check:
-    with_gpus = [node for node in nodes if node.gpu and node.gpu.devices]
-    return _per_node(
+    return _on_gpu_nodes(
         "cluster driver",
-        with_gpus,
-        lambda node: check_driver(node.gpu, image_cuda),  # type: ignore[arg-type]
+        nodes,
+        lambda gpu: check_driver(gpu, image_cuda),
         f"every node's driver runs CUDA {image_cuda}",
     )
 
 
 def check_cluster_memory(nodes: list[NodeFacts], min_gib: float) -> Check:
-    with_gpus = [node for node in nodes if node.gpu and node.gpu.devices]
-    return _per_node(
-        "cluster GPU memory",
-        with_gpus,
-        lambda node: check_memory(node.gpu, min_gib),  # type: ignore[arg-type]
-        f"every GPU has {min_gib:g} GiB free",
+    return _on_gpu_nodes(
+        "cluster GPU memory", nodes, lambda gpu: check_memory(gpu, min_gib), f"every GPU has {min_gib:g} GiB free"
     )
 
 
