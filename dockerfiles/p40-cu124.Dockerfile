@@ -19,10 +19,10 @@ RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/buil
     && apt-get install -y --no-install-recommends $(verlbox_apt_packages python ca-certificates python3 python3-venv python3-dev) \
     && verlbox_apt_end python && rm -rf /var/lib/apt/lists/* \
     && python3 -c 'import sys; assert "%d.%d" % sys.version_info[:2] == sys.argv[1], "base image has Python %d.%d" % sys.version_info[:2]' 3.11
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    . /tmp/verlbox/build-env.sh && python3 -m venv /opt/venv && verlbox_pip python pip==25.1.1
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    . /tmp/verlbox/build-env.sh && python3 -m venv /opt/venv && verlbox_pip python pip==25.1.1 uv==0.9.5
 # PyTorch 2.6.0: the largest layer, kept early
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     . /tmp/verlbox/build-env.sh && verlbox_pip torch torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
 
 FROM system AS apex-build
@@ -37,7 +37,7 @@ RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/buil
     && apt-get install -y --no-install-recommends $(verlbox_apt_packages apex-compiler g++) \
     && verlbox_apt_end apex-compiler && rm -rf /var/lib/apt/lists/*
 WORKDIR /tmp/toolkit
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     . /tmp/verlbox/build-env.sh && verlbox_apt_trust_ca \
     && verlbox_debian_sources trixie main contrib non-free >/etc/apt/sources.list.d/verlbox-toolkit.list \
     && apt-get update \
@@ -46,20 +46,15 @@ RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/buil
     && rm -rf ./*.deb /etc/apt/sources.list.d/verlbox-toolkit.list /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca
 WORKDIR /
 ENV CUDA_HOME=/usr
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     . /tmp/verlbox/build-env.sh && verlbox_pip apex-build-tools packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4
 RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \
     python3 /tmp/verlbox-apex/apex_build.py /tmp/verlbox-apex/plan.json /tmp/verlbox-apex/apex-e13873debc4699d39c6861074b9a3b2a02327f92.tar.gz /wheels \
     && cp -r /opt/verlbox/build-record /wheels/build-record
 
 FROM system AS final
-# the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
-RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
-    pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \
-    && mkdir -p /opt/verlbox/build-record/builder && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/builder/ \
-    && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
 # verl 0.4.1's dependencies, each pinned (verl itself goes in with --no-deps)
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     . /tmp/verlbox/build-env.sh && verlbox_pip verl-deps \
        accelerate==1.7.0 \
        codetiming==1.4.0 \
@@ -79,10 +74,15 @@ RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/buil
        transformers==4.51.3 \
        wandb==0.20.1 \
        torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     . /tmp/verlbox/build-env.sh && verlbox_pip verl --no-deps verl==0.4.1
+# the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
+RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
+    pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \
+    && mkdir -p /opt/verlbox/build-record/builder && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/builder/ \
+    && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
 # the verlbox runtime: entrypoint, smoke checks and the verl patch set (changes most often: last)
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     . /tmp/verlbox/build-env.sh && verlbox_pip runtime pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0
 COPY image-spec.json /opt/verlbox/image-spec.json
 RUN --mount=type=bind,source=verlbox-src,target=/tmp/verlbox-src,rw \
@@ -99,7 +99,7 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       org.opencontainers.image.description="P40 with a driver >= 550, PyPI and Debian only (torch cu124 wheels carry sm_60 code), Apex built from source" \
       io.verlbox.version="0.1.0" \
       io.verlbox.recipe="p40-cu124" \
-      io.verlbox.recipe.hash="f050f996b335536750f039e76788a28448a7cfe3b2a6a703367182e9fadb5321" \
+      io.verlbox.recipe.hash="45a6221663fec2e53f625dab06f6a6cdc824b63250d86a374536b3694692d2ef" \
       io.verlbox.base="debian:bookworm-slim" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="059ba77f125bf0e147e0719f9b4af46f026155261250516628fbac7eddd59640" \
@@ -108,7 +108,6 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       io.verlbox.pin.torch="2.6.0" \
       io.verlbox.pin.torchvision="0.21.0" \
       io.verlbox.pin.torchaudio="2.6.0" \
-      io.verlbox.pin.apex="e13873debc4699d39c6861074b9a3b2a02327f92" \
       io.verlbox.pin.verl="0.4.1" \
       io.verlbox.pin.accelerate="1.7.0" \
       io.verlbox.pin.codetiming="1.4.0" \
@@ -127,6 +126,7 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       io.verlbox.pin.transformers="4.51.3" \
       io.verlbox.pin.wandb="0.20.1" \
       io.verlbox.pin.setuptools="80.9.0" \
+      io.verlbox.pin.apex="e13873debc4699d39c6861074b9a3b2a02327f92" \
       io.verlbox.pin.pydantic="2.11.7" \
       io.verlbox.pin.pyyaml="6.0.2" \
       io.verlbox.pin.rich="14.0.0"

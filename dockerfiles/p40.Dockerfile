@@ -19,8 +19,8 @@ RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/buil
     && apt-get install -y --no-install-recommends $(verlbox_apt_packages python ca-certificates python3 python3-venv python3-dev) \
     && verlbox_apt_end python && rm -rf /var/lib/apt/lists/* \
     && python3 -c 'import sys; assert "%d.%d" % sys.version_info[:2] == sys.argv[1], "base image has Python %d.%d" % sys.version_info[:2]' 3.10
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    . /tmp/verlbox/build-env.sh && python3 -m venv /opt/venv && verlbox_pip python pip==25.1.1
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    . /tmp/verlbox/build-env.sh && python3 -m venv /opt/venv && verlbox_pip python pip==25.1.1 uv==0.9.5
 # cuDNN 8.9.7.29 from NVIDIA's CUDA apt repository: the base holds an older one
 # the package list is split into words on purpose: names, or name=version lines from the lock
 # hadolint ignore=SC2046
@@ -31,29 +31,24 @@ RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/buil
     && verlbox_apt_end cudnn && rm -rf /var/lib/apt/lists/* \
     && apt-mark hold libcudnn8 libcudnn8-dev
 # PyTorch 2.6.0+cu118 from the pytorch-cu118 wheel index: the largest layer, kept early
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     . /tmp/verlbox/build-env.sh && export PIP_INDEX_URL="$VERLBOX_TORCH_INDEX_URL" && verlbox_pip torch torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
 
 FROM system AS apex-build
 # NVIDIA Apex e13873debc4699d39c6861074b9a3b2a02327f92 from its hashed archive, compiled for sm 6.1 (no GPU
 # is visible during a build, so the architectures come from the recipe). Only the wheel leaves this stage.
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     . /tmp/verlbox/build-env.sh && verlbox_pip apex-build-tools packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4
 RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \
     python3 /tmp/verlbox-apex/apex_build.py /tmp/verlbox-apex/plan.json /tmp/verlbox-apex/apex-e13873debc4699d39c6861074b9a3b2a02327f92.tar.gz /wheels \
     && cp -r /opt/verlbox/build-record /wheels/build-record
 
 FROM system AS final
-# the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
-RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
-    pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \
-    && mkdir -p /opt/verlbox/build-record/builder && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/builder/ \
-    && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
 # vLLM 0.8.5.post1; kernels for sm 7.0 7.5 8.0 8.6 8.9 9.0
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     . /tmp/verlbox/build-env.sh && export PIP_EXTRA_INDEX_URL="$VERLBOX_TORCH_INDEX_URL" && verlbox_pip vllm https://github.com/vllm-project/vllm/releases/download/v0.8.5.post1/vllm-0.8.5.post1+cu118-cp38-abi3-manylinux1_x86_64.whl torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
 # verl 0.4.1's dependencies, each pinned (verl itself goes in with --no-deps)
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     . /tmp/verlbox/build-env.sh && export PIP_EXTRA_INDEX_URL="$VERLBOX_TORCH_INDEX_URL" && verlbox_pip verl-deps \
        accelerate==1.7.0 \
        codetiming==1.4.0 \
@@ -73,10 +68,15 @@ RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/buil
        transformers==4.51.3 \
        wandb==0.20.1 \
        torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     . /tmp/verlbox/build-env.sh && verlbox_pip verl --no-deps verl==0.4.1
+# the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
+RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
+    pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \
+    && mkdir -p /opt/verlbox/build-record/builder && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/builder/ \
+    && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
 # the verlbox runtime: entrypoint, smoke checks and the verl patch set (changes most often: last)
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     . /tmp/verlbox/build-env.sh && verlbox_pip runtime pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0
 COPY image-spec.json /opt/verlbox/image-spec.json
 RUN --mount=type=bind,source=verlbox-src,target=/tmp/verlbox-src,rw \
@@ -93,7 +93,7 @@ LABEL org.opencontainers.image.title="verlbox p40" \
       org.opencontainers.image.description="Tesla P40 on CUDA 11.8 + cuDNN 8.9.7, torch cu118, Apex, vLLM cu118 (the full stack)" \
       io.verlbox.version="0.1.0" \
       io.verlbox.recipe="p40" \
-      io.verlbox.recipe.hash="eeed38d075ea7454002a9372f0f80b9241d1da8a16edb4bfe1c88ae4d70b2139" \
+      io.verlbox.recipe.hash="cc9871efee56c2efda0754d303aa1d6c6d310fbc9547e0f26ccf5a34a34c41f5" \
       io.verlbox.base="nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="059ba77f125bf0e147e0719f9b4af46f026155261250516628fbac7eddd59640" \
@@ -103,7 +103,6 @@ LABEL org.opencontainers.image.title="verlbox p40" \
       io.verlbox.pin.torch="2.6.0+cu118" \
       io.verlbox.pin.torchvision="0.21.0+cu118" \
       io.verlbox.pin.torchaudio="2.6.0+cu118" \
-      io.verlbox.pin.apex="e13873debc4699d39c6861074b9a3b2a02327f92" \
       io.verlbox.pin.vllm="0.8.5.post1" \
       io.verlbox.pin.verl="0.4.1" \
       io.verlbox.pin.accelerate="1.7.0" \
@@ -123,6 +122,7 @@ LABEL org.opencontainers.image.title="verlbox p40" \
       io.verlbox.pin.transformers="4.51.3" \
       io.verlbox.pin.wandb="0.20.1" \
       io.verlbox.pin.setuptools="80.9.0" \
+      io.verlbox.pin.apex="e13873debc4699d39c6861074b9a3b2a02327f92" \
       io.verlbox.pin.pydantic="2.11.7" \
       io.verlbox.pin.pyyaml="6.0.2" \
       io.verlbox.pin.rich="14.0.0"

@@ -72,7 +72,7 @@ def smoke(image: str, json_file: Path) -> tuple[int, dict[str, dict[str, str]]]:
 
 
 def test_build_streams_its_steps_and_tags_only_the_final_name(build_output, docker_engine) -> None:
-    assert "[final" in build_output.stderr and "RUN pip install --no-deps verl==0.4.1" in build_output.stderr
+    assert "[final" in build_output.stderr and "RUN verlbox_pip verl --no-deps verl==0.4.1" in build_output.stderr
     assert f"built {IMAGE}" in build_output.stderr
     leftovers = docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "verlbox-build/*").stdout.split()
     assert leftovers == []

@@ -145,3 +145,12 @@ def test_a_broken_lock_file_is_one_line_exit_2(tmp_path: Path) -> None:
     recipe.write_text("extends: p40-cu124\n")
     result = run_verlbox("render", str(recipe))
     assert result.returncode == 2 and "not a verlbox lock" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_lock_made_for_another_version_of_the_recipe_is_refused(tmp_path: Path) -> None:
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("extends: p40-cu124\n")
+    stale = read_lock(load_recipe("p40-cu124").lock_path).model_copy(update={"recipe_hash": "0" * 64})
+    (tmp_path / "mine.lock.json").write_text(stale.model_dump_json())
+    result = run_verlbox("render", str(recipe))
+    assert result.returncode == 2 and "made for another version of recipe mine" in result.stderr

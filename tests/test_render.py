@@ -42,10 +42,10 @@ def test_p40_layers_go_from_rarely_to_often_changing() -> None:
         "torch==2.6.0+cu118",
         "FROM system AS apex-build",
         "FROM system AS final",
-        "/tmp/apex-wheels",
         "vllm-0.8.5.post1+cu118",
         "transformers==4.51.3",
         "--no-deps verl==0.4.1",
+        "/tmp/apex-wheels",
         "verlbox patch-verl",
         "LABEL ",
     )

@@ -9,6 +9,7 @@ from typing import Literal
 from packaging.utils import canonicalize_name
 
 from verlbox import __version__
+from verlbox.errors import UsageError
 from verlbox.host.components import Apex, Component
 from verlbox.host.lock import Lock, read_lock
 from verlbox.host.recipe import RecipeHead
@@ -83,8 +84,17 @@ class BuildPlan:
 
     @cached_property
     def lock(self) -> Lock | None:
+        """The recipe's lock; one made for another version of the recipe is refused, never half-applied."""
         path = self.recipe.lock_path
-        return read_lock(path) if path and path.is_file() else None
+        if not path or not path.is_file():
+            return None
+        lock = read_lock(path)
+        if lock.recipe_hash != self.recipe.content_hash:
+            raise UsageError(
+                f"{path}: made for another version of recipe {self.recipe.name} (hash {lock.recipe_hash[:12]}, now "
+                f"{self.recipe.content_hash[:12]}): move it aside, build, and run `verlbox lock` again"
+            )
+        return lock
 
     def lock_slice(self, step: str, kind: str) -> str | None:
         """What a step installs under the lock: pip requirements with hashes, or apt `name=version` lines."""

@@ -1,6 +1,8 @@
 """The components an image is made of, in layer-cache order: what changes rarely comes first.
 
-Adding a component is one module (its schema, pins and template) and one line here.
+Apex's compile has a stage of its own; its wheel goes into the final image after verl's stack, so
+that the final stage's downloads run while Apex compiles (and a new Apex wheel rebuilds only the
+small layers after it). Adding a component is one module (schema, pins, template) and one line here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,6 @@ from verlbox.host.components.torch import Torch
 from verlbox.host.components.verl import Verl
 from verlbox.host.components.vllm import Vllm
 
-COMPONENTS: tuple[type[Component], ...] = (Python, Cudnn, Torch, Apex, Vllm, Verl, Runtime)
+COMPONENTS: tuple[type[Component], ...] = (Python, Cudnn, Torch, Vllm, Verl, Apex, Runtime)
 
 __all__ = ["COMPONENTS", "Apex", "Component", "Cudnn", "Python", "Runtime", "Torch", "Verl", "Vllm"]
