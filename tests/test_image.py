@@ -248,6 +248,27 @@ def test_smoke_fails_when_a_patch_is_reverted_in_the_image(image: str, tmp_path:
         docker("image", "rm", tampered, check=False)
 
 
+def test_smoke_names_an_apex_extension_that_is_missing_or_another_commit(image: str, tmp_path: Path) -> None:
+    site = "/opt/venv/lib/python3.11/site-packages"  # the image's venv (recipe: Python 3.11)
+    record = f"{site}/apex-*.dist-info/verlbox-source.json"
+    tampered = derived_image(
+        tmp_path,
+        "verlbox-test/tampered-apex:ci",
+        f"FROM {image}\nRUN rm {site}/mlp_cuda.*.so && sed -i 's/e13873de/0000aaaa/' {record}\n",
+    )
+    try:
+        code, results = smoke(tampered, tmp_path / "smoke.json")
+        assert code == 1
+        loads = results["Apex extensions load"]
+        assert loads["status"] == "failed" and "mlp_cuda" in loads["detail"]
+        machine_code = results["Apex machine code for targets"]
+        assert machine_code["status"] == "failed" and "mlp_cuda: not installed" in machine_code["detail"]
+        pins = results["pins match the recipe"]
+        assert pins["status"] == "failed" and "apex 0000aaaa" in pins["detail"]
+    finally:
+        docker("image", "rm", tampered, check=False)
+
+
 def test_smoke_fails_when_a_pinned_package_is_swapped(image: str, tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
     subprocess.run(
