@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import jinja2
 
 from verlbox.host.components import COMPONENTS
-from verlbox.host.schema import shell_quote
+from verlbox.host.schema import no_control_characters, shell_quote
 
 
 def _words(values: Iterable[object]) -> str:
@@ -17,7 +17,7 @@ def _words(values: Iterable[object]) -> str:
 
 def _comment_text(value: object) -> str:
     # schema-checked text has no line breaks; checked again because a comment ends at one
-    return shell_quote(value) and str(value)
+    return no_control_characters(str(value))
 
 
 def _label_value(value: object) -> str:

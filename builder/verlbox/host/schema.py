@@ -24,7 +24,7 @@ def _must_be_text(value: object) -> object:
     return value
 
 
-def _no_control_characters(value: str) -> str:
+def no_control_characters(value: str) -> str:
     if found := _CONTROL.search(value):
         raise ValueError(f"control character {found.group()!r} is not allowed (a newline would add a Dockerfile line)")
     return value
@@ -72,7 +72,7 @@ def _https_url(value: str) -> str:
     return value
 
 
-Text = Annotated[str, BeforeValidator(_must_be_text), AfterValidator(_no_control_characters)]
+Text = Annotated[str, BeforeValidator(_must_be_text), AfterValidator(no_control_characters)]
 ExactVersion = Annotated[Text, AfterValidator(_exact_version)]
 DebianVersion = Annotated[Text, AfterValidator(_debian_version)]
 PackageName = Annotated[Text, AfterValidator(_package_name)]
@@ -91,5 +91,5 @@ class Strict(BaseModel):
 def shell_quote(value: object) -> str:
     """The one quoting rule for recipe values in a Dockerfile: a single shell word, no line breaks."""
     text = str(value)
-    _no_control_characters(text)
+    no_control_characters(text)
     return shlex.quote(text)
