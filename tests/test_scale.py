@@ -124,7 +124,11 @@ def test_in_a_ray_cluster_the_profiles_variables_and_the_cap_reach_the_workers()
     env_vars = json.loads(env["RAY_JOB_CONFIG_JSON_ENV_VAR"])["runtime_env"]["env_vars"]
     assert env_vars["PYTORCH_CUDA_ALLOC_CONF"] == scaled.environment["PYTORCH_CUDA_ALLOC_CONF"]
     assert env_vars["VERLBOX_GPU_MEMORY_GIB"] == "24" and env_vars["PYTHONPATH"].endswith(":/x")
-    assert "RAY_JOB_CONFIG_JSON_ENV_VAR" not in train_environment(scaled, {}, None)
+    # verl's own ray.init sets TOKENIZERS_PARALLELISM as the profile does: Ray refuses a key set by both
+    # (seen on the GPU machine) unless told to let the driver's value win
+    assert "TOKENIZERS_PARALLELISM" in env_vars and env["RAY_OVERRIDE_JOB_RUNTIME_ENV"] == "1"
+    local = train_environment(scaled, {}, None)
+    assert "RAY_JOB_CONFIG_JSON_ENV_VAR" not in local and "RAY_OVERRIDE_JOB_RUNTIME_ENV" not in local
     # a job config from `ray job submit` keeps its own variables
     merged = ray_job_config(json.dumps({"runtime_env": {"env_vars": {"A": "1"}}, "x": 2}), {"B": "2"})
     assert json.loads(merged) == {"runtime_env": {"env_vars": {"A": "1", "B": "2"}}, "x": 2}

@@ -31,6 +31,7 @@ from verlbox.runtime.spec import ImageSpec
 DEFAULT_RAW_GSM8K = "/data/gsm8k-raw"
 DATA_KEYS = ("data.train_files", "data.val_files")
 RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+RAY_OVERRIDE_JOB_ENV = "RAY_OVERRIDE_JOB_RUNTIME_ENV"
 
 
 def merge_overrides(profile: list[str], user: list[str]) -> list[str]:
@@ -117,6 +118,9 @@ def train_environment(plan: TrainingPlan, environ: dict[str, str], gpu_memory_gi
     env = dict(environ) | worker_env
     if environ.get("RAY_ADDRESS"):
         env[RAY_JOB_CONFIG] = ray_job_config(environ.get(RAY_JOB_CONFIG), worker_env)
+        # verl's ray.init sets TOKENIZERS_PARALLELISM too: without this Ray refuses the shared key
+        # ("Failed to merge the Job's runtime env"); with it verl's value wins, as when verl starts Ray
+        env[RAY_OVERRIDE_JOB_ENV] = "1"
     return env
 
 
