@@ -103,7 +103,7 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       io.verlbox.base="debian:bookworm-slim" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="059ba77f125bf0e147e0719f9b4af46f026155261250516628fbac7eddd59640" \
-      io.verlbox.lock.hash="003abd24832a99ca8357530f8c74e0da00ed6cb82f766c4fd84ad472e64770ff" \
+      io.verlbox.lock.hash="44bd1d6d5d2fbe8d2cbedad5edbc9e127c06b2954966781bb35318a48333d496" \
       io.verlbox.pin.cuda="12.4" \
       io.verlbox.pin.python="3.11" \
       io.verlbox.pin.torch="2.6.0" \
@@ -131,3 +131,18 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       io.verlbox.pin.pydantic="2.11.7" \
       io.verlbox.pin.pyyaml="6.0.2" \
       io.verlbox.pin.rich="14.0.0"
+
+# `verlbox bundle`: every file the lock names, fetched by its hash, for builds without a network
+FROM system AS bundle-python
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/bundle,target=/tmp/verlbox/bundle --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    . /tmp/verlbox/build-env.sh && . /tmp/verlbox/bundle/bundle.sh && verlbox_bundle_wheels /bundle/wheels
+
+FROM debian:bookworm-slim AS bundle-debian
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/bundle,target=/tmp/verlbox/bundle \
+    . /tmp/verlbox/build-env.sh && . /tmp/verlbox/bundle/bundle.sh && verlbox_bundle_debs /bundle/debs
+
+FROM scratch AS bundle
+COPY --from=bundle-python /bundle/ /
+COPY --from=bundle-debian /bundle/ /
+COPY --from=apex-build /wheels/ /apex/

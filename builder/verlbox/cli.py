@@ -1,6 +1,6 @@
 """The `verlbox` command: parses arguments and hands each command to its side.
 
-Host commands (recipes, render, build, lock, smoke, shell, overrides) live in verlbox.host.commands;
+Host commands (recipes, render, build, lock, bundle, verify, smoke, shell, overrides) live in verlbox.host.commands;
 image commands (train, smoke-checks, prepare-data, patch-verl) in verlbox.runtime.commands. Each is
 imported only when it runs, so the image never loads the host side. Every failure is one line and an
 exit code (errors.py); VERLBOX_DEBUG=1 adds the traceback.
@@ -30,6 +30,11 @@ HANDLERS = {
         "verlbox.host.commands",
         "lock",
         "record a built image's exact packages as STEM.lock.json (hashed, per step) beside its recipe",
+    ),
+    "bundle": (
+        "verlbox.host.commands",
+        "bundle",
+        "collect everything a locked recipe's build needs (base, wheels, .debs, compiled Apex) for --offline",
     ),
     "verify": (
         "verlbox.host.commands",
@@ -84,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub["render"].add_argument("recipe", nargs="?", help=RECIPE_HELP)
     sub["render"].add_argument("-o", "--output", help="write the Dockerfile to this file instead of stdout")
     sub["render"].add_argument("--base-image", help="replace the recipe's base image")
+    sub["render"].add_argument("--offline", metavar="BUNDLE", help="the Dockerfile of a build from this bundle")
     sub["render"].add_argument("--check", action="store_true", help="exit 1 if dockerfiles/ differs from the recipes")
     sub["render"].add_argument("--sync", action="store_true", help="rewrite dockerfiles/ from the recipes")
 
@@ -99,12 +105,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="Debian mirror for --bootstrap-base and Debian toolkits (default: $VERLBOX_APT_MIRROR, else the "
         "host's apt sources for the base, the base's own sources in the build)",
     )
-    build.add_argument(
-        "--sources", help="folder of pinned source archives (default: $VERLBOX_SOURCES, else ~/.cache/verlbox/sources)"
-    )
     _add_build_sources(build)
+    build.add_argument(
+        "--offline",
+        metavar="BUNDLE",
+        help="build from a `verlbox bundle` folder: no network in any step, file times clamped to the lock's date",
+    )
     build.add_argument("--no-cache", action="store_true")
-    build.add_argument("--progress", choices=["auto", "plain"], default="auto")
+
+    bundle = sub["bundle"]
+    bundle.add_argument("recipe", help=RECIPE_HELP)
+    bundle.add_argument("--out", required=True, help="a new (or empty) folder for the bundle")
+    bundle.add_argument(
+        "--apt-mirror", help="Debian mirror to fetch from (default: $VERLBOX_APT_MIRROR, else the base's sources)"
+    )
+    _add_build_sources(bundle)
+    for name in ("build", "bundle"):
+        sub[name].add_argument(
+            "--sources",
+            help="folder of pinned source archives (default: $VERLBOX_SOURCES, else ~/.cache/verlbox/sources)",
+        )
+        sub[name].add_argument("--progress", choices=["auto", "plain"], default="auto")
 
     sub["overrides"].add_argument("recipe", help=RECIPE_HELP)
     sub["overrides"].add_argument("extra", nargs="*", help="user overrides to merge and check, as train takes them")

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.status import Status
 
 from verlbox.errors import BuildError
+from verlbox.host.clamp import clamp_image
 from verlbox.host.context import write_context
 from verlbox.host.engine import client, require_cli, retag, untag
 from verlbox.host.plan import BuildPlan
@@ -88,83 +89,96 @@ class _StepReporter:
             self.console.print(f"  {shown:>12}  {step.name[:110]}", markup=False, highlight=False)
 
 
+def run_buildx(
+    plan: BuildPlan,
+    arguments: list[str],
+    *,
+    sources: BuildSources,
+    progress: str,
+    console: Console,
+    what: str,
+) -> list[StepTiming]:
+    """`docker buildx build` of PLAN's Dockerfile on a fresh context, steps streamed, the log kept on failure."""
+    secret_arguments, secret_environment = sources.secret_arguments()
+    docker_cli = require_cli()
+    token = secrets.token_hex(6)
+    log_directory().mkdir(parents=True, exist_ok=True)
+    # the token keeps two builds started in the same second from sharing (and deleting) one log
+    log_path = log_directory() / f"{plan.recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}-{token}.log"
+    reporter = _StepReporter(console, verbose=progress == "plain")
+    with tempfile.TemporaryDirectory(prefix="verlbox-context-") as context:
+        write_context(plan, Path(context), sources)
+        command = [docker_cli, "buildx", "build", "--progress", "plain", "--file", str(Path(context) / "Dockerfile")]
+        command += arguments + secret_arguments + [context]
+        console.print(
+            f"{what} {plan.recipe.name} FROM {plan.base_image} (log: {log_path})", markup=False, highlight=False
+        )
+        with (
+            log_path.open("w") as log,
+            console.status("starting the build") as reporter.status,
+            subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                env=os.environ | secret_environment,
+            ) as process,
+        ):
+            assert process.stdout is not None
+            for line in process.stdout:
+                log.write(line)
+                reporter.feed(line.rstrip("\n"))
+            returncode = process.wait()
+    if returncode != 0:
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
+        raise BuildError(
+            f"the build of {plan.recipe.name} failed (exit {returncode}); previous images and "
+            f"tags are untouched. Full log: {log_path}\n{tail}"
+        )
+    log_path.unlink()
+    return list(reporter.steps.values())
+
+
 def build_image(
     plan: BuildPlan,
     tags: list[str],
     *,
     sources: BuildSources | None = None,
+    bundle: Path | None = None,
     no_cache: bool = False,
     progress: str = "auto",
     console: Console | None = None,
 ) -> BuildResult:
+    """Build PLAN's final stage under a temporary tag, then move TAGS to it: a failure leaves every tag as it was.
+
+    An offline plan builds from BUNDLE (a named build context) and is clamped to the lock's date.
+    """
     console = console or Console(stderr=True)
     references = check_tags(tags)
     sources = sources or BuildSources()
-    sources.require_torch_index(plan.recipe.name, plan.torch_index)
-    secret_arguments, secret_environment = sources.secret_arguments()
-    docker_cli = require_cli()
+    if not plan.offline:
+        sources.require_torch_index(plan.recipe.name, plan.torch_index)
     engine = client()
-    token = secrets.token_hex(6)
-    temporary_tag = f"verlbox-build/{plan.recipe.name}:{token}"
-    log_directory().mkdir(parents=True, exist_ok=True)
-    # the token keeps two builds started in the same second from sharing (and deleting) one log
-    log_path = log_directory() / f"{plan.recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}-{token}.log"
-    reporter = _StepReporter(console, verbose=progress == "plain")
+    temporary_tag = f"verlbox-build/{plan.recipe.name}:{secrets.token_hex(6)}"
+    arguments = ["--load", "--target", "final", "--tag", temporary_tag] + (["--no-cache"] if no_cache else [])
+    if plan.offline:
+        assert bundle is not None and plan.source_date_epoch is not None
+        arguments += ["--build-context", f"bundle={bundle.resolve()}"]
+        arguments += ["--build-arg", f"SOURCE_DATE_EPOCH={plan.source_date_epoch}"]
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="verlbox-context-") as context:
-        write_context(plan, Path(context), sources)
-        command = [
-            docker_cli,
-            "buildx",
-            "build",
-            "--load",
-            "--progress",
-            "plain",
-            "--target",
-            "final",
-            "--tag",
-            temporary_tag,
-            "--file",
-            str(Path(context) / "Dockerfile"),
-        ]
-        command += secret_arguments
-        if no_cache:
-            command.append("--no-cache")
-        command.append(context)
-        console.print(
-            f"building {plan.recipe.name} FROM {plan.base_image} (log: {log_path})", markup=False, highlight=False
-        )
-        try:
-            with (
-                log_path.open("w") as log,
-                console.status("starting the build") as reporter.status,
-                subprocess.Popen(
-                    command,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    bufsize=1,
-                    env=os.environ | secret_environment,
-                ) as process,
-            ):
-                assert process.stdout is not None
-                for line in process.stdout:
-                    log.write(line)
-                    reporter.feed(line.rstrip("\n"))
-                returncode = process.wait()
-        except BaseException:
+    clamped_tag = f"{temporary_tag}-clamped"
+    try:
+        steps = run_buildx(plan, arguments, sources=sources, progress=progress, console=console, what="building")
+        image_id = engine.images.get(temporary_tag).id
+        if plan.source_date_epoch is not None:
+            with console.status(f"clamping file times to SOURCE_DATE_EPOCH={plan.source_date_epoch}"):
+                image_id = clamp_image(temporary_tag, plan.base_image, plan.source_date_epoch, clamped_tag)
             untag(engine, temporary_tag)
-            raise
-        if returncode != 0:
-            untag(engine, temporary_tag)
-            tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
-            raise BuildError(
-                f"the build of {plan.recipe.name} failed (exit {returncode}); previous images and "
-                f"tags are untouched. Full log: {log_path}\n{tail}"
-            )
-    image_id = engine.images.get(temporary_tag).id
+            temporary_tag = clamped_tag
+    except BaseException:
+        untag(engine, temporary_tag)
+        untag(engine, clamped_tag)
+        raise
     retag(engine, temporary_tag, references)
-    log_path.unlink()
-    return BuildResult(
-        image_id, [str(r) for r in references], time.monotonic() - started, list(reporter.steps.values())
-    )
+    return BuildResult(image_id, [str(r) for r in references], time.monotonic() - started, steps)

@@ -18,11 +18,23 @@ from verlbox import paths
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
 from verlbox.host.plan import BuildPlan
-from verlbox.host.recipe import load_recipe, recipe_names
+from verlbox.host.recipe import RecipeHead, load_recipe, recipe_names
 from verlbox.host.render import render_dockerfile
 
 if TYPE_CHECKING:
+    from verlbox.host.sources import BuildSources
     from verlbox.runtime.smoke import CheckResult
+
+# what an offline build cannot use: its base, packages and sources all come from the bundle
+OFFLINE_CLASHES = (
+    "base_image",
+    "bootstrap_base",
+    "apt_mirror",
+    "pip_index_url",
+    "torch_index_url",
+    "ca_bundle",
+    "sources",
+)
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -66,7 +78,15 @@ def render(args: argparse.Namespace) -> int:
         return _render_all(sync=args.sync)
     if not args.recipe:
         raise UsageError("render needs a RECIPE (or --check / --sync)")
-    text = render_dockerfile(BuildPlan(load_recipe(args.recipe), base_override=args.base_image))
+    recipe = load_recipe(args.recipe)
+    if args.offline:
+        from verlbox.host.bundle import check_bundle, read_manifest
+
+        plan = BuildPlan(recipe, base_override=read_manifest(Path(args.offline)).base.reference, offline=True)
+        check_bundle(plan, Path(args.offline), files=False)
+    else:
+        plan = BuildPlan(recipe, base_override=args.base_image)
+    text = render_dockerfile(plan)
     if args.output:
         write_atomically(Path(args.output), text)
     else:
@@ -74,40 +94,85 @@ def render(args: argparse.Namespace) -> int:
     return 0
 
 
-def build(args: argparse.Namespace) -> int:
-    from verlbox.host.bootstrap import choose_mirror, ensure_bootstrapped_base
-    from verlbox.host.build import build_image, check_tags, default_tag
-    from verlbox.host.engine import client
+def _sources(args: argparse.Namespace) -> BuildSources:
     from verlbox.host.sources import BuildSources
 
-    recipe = load_recipe(args.recipe)
-    sources = BuildSources.from_options(
+    return BuildSources.from_options(
         args.ca_bundle,
         args.pip_index_url,
         args.torch_index_url,
         apt_mirror=args.apt_mirror,
         archives=args.sources,
     )
-    sources.require_torch_index(recipe.name, recipe.torch.index)
-    if recipe.apex:
-        sources.archive(recipe.apex.archive_name, recipe.apex.archive_sha256)
+
+
+def build(args: argparse.Namespace) -> int:
+    from verlbox.host.build import build_image, check_tags, default_tag
+
+    recipe = load_recipe(args.recipe)
     check_tags(args.tag or [])
+    if args.offline:
+        plan, sources, bundle = _offline_plan(args, recipe), _sources(args), Path(args.offline)
+    else:
+        plan, sources, bundle = _online_plan(args, recipe), _sources(args), None
+    result = build_image(
+        plan,
+        args.tag or [default_tag(plan)],
+        sources=sources,
+        bundle=bundle,
+        no_cache=args.no_cache,
+        progress=args.progress,
+        console=err,
+    )
+    err.print(f"built {', '.join(result.tags)} ({result.image_id[:19]}) in {result.seconds:.0f} s")
+    return 0
+
+
+def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
+    from verlbox.host.bootstrap import choose_mirror, ensure_bootstrapped_base
+    from verlbox.host.engine import client
+
+    sources = _sources(args)
+    sources.require_torch_index(recipe.name, recipe.torch.index)  # type: ignore[attr-defined]
+    if recipe.apex:  # type: ignore[attr-defined]
+        sources.archive(recipe.apex.archive_name, recipe.apex.archive_sha256)  # type: ignore[attr-defined]
     base_override = args.base_image
     if args.bootstrap_base:
         if recipe.base.bootstrap is None:
             raise UsageError(f"recipe {recipe.name} says nothing under base.bootstrap: it has no local base")
         mirror = choose_mirror(sources.apt_mirror)
         base_override = ensure_bootstrapped_base(client(), recipe.base.bootstrap, mirror, err)
-    plan = BuildPlan(recipe, base_override=base_override)
-    result = build_image(
-        plan,
-        args.tag or [default_tag(plan)],
-        sources=sources,
-        no_cache=args.no_cache,
-        progress=args.progress,
-        console=err,
-    )
-    err.print(f"built {', '.join(result.tags)} ({result.image_id[:19]}) in {result.seconds:.0f} s")
+    return BuildPlan(recipe, base_override=base_override)
+
+
+def _offline_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
+    """The bundle checked file by file and its base loaded, before any step runs."""
+    from verlbox.host.bundle import check_bundle, load_base, read_manifest
+
+    clashing = [f"--{name.replace('_', '-')}" for name in OFFLINE_CLASHES if getattr(args, name)]
+    if clashing:
+        raise UsageError(f"--offline builds from the bundle alone: drop {', '.join(clashing)}")
+    bundle = Path(args.offline)
+    plan = BuildPlan(recipe, base_override=read_manifest(bundle).base.reference, offline=True)
+    with err.status(f"checking {bundle} against its manifest"):
+        manifest = check_bundle(plan, bundle)
+    load_base(bundle, manifest, err)
+    return plan
+
+
+def bundle(args: argparse.Namespace) -> int:
+    from verlbox.host.bundle import make_bundle
+
+    recipe = load_recipe(args.recipe)
+    plan = BuildPlan(recipe)
+    if plan.lock is None:
+        raise UsageError(f"recipe {recipe.name} has no lock ({recipe.lock_path}): build it and run `verlbox lock`")
+    # the base the lock was made on: a bootstrapped base goes by its local reference
+    plan = BuildPlan(recipe, base_override=plan.lock.base["reference"])
+    out_dir = Path(args.out)
+    manifest = make_bundle(plan, out_dir, sources=_sources(args), progress=args.progress, console=err)
+    size = sum((out_dir / name).stat().st_size for name in manifest.files)
+    err.print(f"wrote {out_dir}: {len(manifest.files)} files, {size / 2**30:.1f} GiB, hashes in manifest.json")
     return 0
 
 

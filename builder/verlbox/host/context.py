@@ -39,14 +39,37 @@ include = ["verlbox*"]
 """
 
 
+def _template_text(name: str) -> str:
+    return resources.files("verlbox.host").joinpath("templates", name).read_text()
+
+
+def _write_bundle_slices(plan: BuildPlan, directory: Path) -> None:
+    """What the bundle stages fetch: every step's Python files; the Debian packages of the image's own steps.
+
+    A builder stage's .debs (a compiler) are left out: an offline build takes that stage's output
+    prebuilt from the bundle.
+    """
+    assert plan.lock is not None
+    for kind in ("pip", "apt"):
+        (directory / kind).mkdir(parents=True)
+    (directory / "bundle.sh").write_text(_template_text("bundle.sh"))
+    for step in plan.lock.steps:
+        if text := plan.lock.slice(step.name, "pip"):
+            (directory / "pip" / f"{step.name}.txt").write_text(text)
+        if step.stage == "final" and (text := plan.lock.slice(step.name, "apt")):
+            (directory / "apt" / f"{step.name}.txt").write_text(text)
+
+
 def write_context(plan: BuildPlan, directory: Path, sources: BuildSources | None = None) -> Path:
     (directory / "Dockerfile").write_text(render_dockerfile(plan))
     tools = directory / "verlbox-build"
     (tools / "lock").mkdir(parents=True)
-    (tools / "build-env.sh").write_text(
-        resources.files("verlbox.host").joinpath("templates", "build-env.sh").read_text()
-    )
+    (tools / "build-env.sh").write_text(_template_text("build-env.sh"))
     shutil.copy2(paths.PACKAGE_DIR / "runtime" / "build_record.py", tools / "record.py")
+    if plan.offline:
+        (tools / "offline-env.sh").write_text(_template_text("offline-env.sh"))
+    if plan.bundle_stages and plan.lock:
+        _write_bundle_slices(plan, tools / "bundle")
     for step in plan.lock.steps if plan.lock else []:
         for kind in ("pip", "apt"):
             if text := plan.lock_slice(step.name, kind):
@@ -54,7 +77,7 @@ def write_context(plan: BuildPlan, directory: Path, sources: BuildSources | None
         if step.pip:  # the step's record, when the build installs exactly these
             (tools / "lock" / f"{step.name}.pip.json").write_text(json.dumps(step.pip, indent=1) + "\n")
     (directory / "image-spec.json").write_text(plan.recipe.image_spec().model_dump_json(indent=2) + "\n")
-    if plan.apex:
+    if plan.apex and not plan.offline:  # offline, Apex's wheel comes prebuilt from the bundle
         # Apex's own folder: its cache key is the plan, the build script and the archive, nothing else
         apex = directory / "apex"
         apex.mkdir()

@@ -14,6 +14,7 @@ import hashlib
 import json
 import re
 import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,6 +48,8 @@ class Lock(BaseModel):
     recipe_hash: str
     base: dict[str, Any]
     steps: list[LockStep]  # in build order: a later step may replace what an earlier one installed
+    # the date every file and history entry of an offline (bundle) build is clamped to: the locked build's
+    source_date_epoch: int | None = None
 
     @property
     def content_hash(self) -> str:
@@ -55,12 +58,18 @@ class Lock(BaseModel):
     def step(self, name: str) -> LockStep | None:
         return next((step for step in self.steps if step.name == name), None)
 
-    def slice(self, name: str, kind: str) -> str | None:
+    def slice(self, name: str, kind: str, by_version: bool = False) -> str | None:
         step = self.step(name)
         entries = getattr(step, kind) if step else None
         if not entries:
             return None
-        lines = requirement_lines(entries) if kind == "pip" else [f"{e['name']}={e['version']}" for e in entries]
+        if kind == "pip":
+            # by_version: a file the lock names by URL is found by name and version (offline, in a folder)
+            lines = requirement_lines(
+                [{k: v for k, v in e.items() if k != "url"} for e in entries] if by_version else entries
+            )
+        else:
+            lines = [f"{e['name']}={e['version']}" for e in entries]
         return "\n".join(lines) + "\n"
 
     def packages(self, kind: str) -> dict[str, str]:
@@ -111,6 +120,12 @@ def steps_in_build_order(dockerfile: str, records: dict[str, dict[str, Entries]]
     return sorted(steps, key=lambda step: order.index(step.name))
 
 
+def image_created(image: str) -> int:
+    """The image's creation time in whole seconds (Docker prints it as RFC 3339 with nanoseconds)."""
+    created = _docker("image", "inspect", "--format", "{{.Created}}", image).strip()
+    return int(datetime.strptime(created[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp())
+
+
 def image_labels(image: str) -> dict[str, str]:
     return json.loads(_docker("image", "inspect", "--format", "{{json .Config.Labels}}", image)) or {}
 
@@ -135,7 +150,13 @@ def lock_from_image(recipe_name: str, recipe_hash: str, dockerfile: str, image: 
     if not base:
         raise VerlboxError(f"{image} carries no io.verlbox.base label: build it with this verlbox first")
     steps = steps_in_build_order(dockerfile, image_records(image))
-    return Lock(recipe=recipe_name, recipe_hash=recipe_hash, base=base_identity(base), steps=steps)
+    return Lock(
+        recipe=recipe_name,
+        recipe_hash=recipe_hash,
+        base=base_identity(base),
+        steps=steps,
+        source_date_epoch=image_created(image),
+    )
 
 
 def write_lock(path: Path, lock: Lock) -> None:

@@ -47,6 +47,12 @@ class BuildPlan:
     recipe: RecipeHead
     base_override: str | None = None
     verlbox_version: str = __version__
+    # built from a bundle: no step has a network, compiled parts come prebuilt from the bundle
+    offline: bool = False
+
+    def __post_init__(self) -> None:
+        if self.offline and not self.lock:
+            raise UsageError(f"recipe {self.recipe.name} has no lock: an offline build installs exactly a lock")
 
     @property
     def base_image(self) -> str:
@@ -71,6 +77,8 @@ class BuildPlan:
     @property
     def build_secrets(self) -> list[str]:
         """BuildKit secrets every installing RUN may read (each optional; none is ever written to a layer)."""
+        if self.offline:
+            return []
         return ["ca_bundle", "pip_index_url", "apt_mirror"] + (["torch_index_url"] if self.torch_index else [])
 
     @property
@@ -97,8 +105,20 @@ class BuildPlan:
         return lock
 
     def lock_slice(self, step: str, kind: str) -> str | None:
-        """What a step installs under the lock: pip requirements with hashes, or apt `name=version` lines."""
-        return self.lock.slice(step, kind) if self.lock else None
+        """What a step installs under the lock: pip requirements with hashes, or apt `name=version` lines.
+
+        Offline, a file the lock names by URL is found by name and version in the bundle instead.
+        """
+        return self.lock.slice(step, kind, by_version=self.offline) if self.lock else None
+
+    @property
+    def source_date_epoch(self) -> int | None:
+        return self.lock.source_date_epoch if self.offline and self.lock else None
+
+    @property
+    def bundle_stages(self) -> bool:
+        """Stages `verlbox bundle` exports (after `final`, so they never touch the image's cache)."""
+        return self.lock is not None and not self.offline
 
     @cached_property
     def patch_set_hash(self) -> str:

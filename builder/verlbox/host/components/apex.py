@@ -91,7 +91,7 @@ RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \\
 {%- endmacro %}
 {% macro final(c, plan) -%}
 # the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
-RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \\
+{{ m.RUN(plan) }} --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \\
     pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \\
     && mkdir -p /opt/verlbox/build-record/builder && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/builder/ \\
     && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"

@@ -29,7 +29,7 @@ class Runtime(Component):
 # the verlbox runtime: entrypoint, smoke checks and the verl patch set (changes most often: last)
 {{ m.run(plan, "runtime", "pip") }} verlbox_pip runtime {{ c.pins_as_requirements() | words }}
 COPY image-spec.json /opt/verlbox/image-spec.json
-RUN --mount=type=bind,source=verlbox-src,target=/tmp/verlbox-src,rw \\
+{{ m.RUN(plan) }} --mount=type=bind,source=verlbox-src,target=/tmp/verlbox-src,rw \\
     pip install --no-cache-dir --no-deps --no-build-isolation /tmp/verlbox-src \\
     && verlbox patch-verl "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \\
     && mkdir -p /workspace && chmod 1777 /workspace

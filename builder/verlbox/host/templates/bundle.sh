@@ -1,0 +1,31 @@
+# Sourced (after build-env.sh) by the stages `verlbox bundle` exports: fetch every file the lock names.
+# Each step's slice sits in /tmp/verlbox/bundle/{pip,apt}/STEP.txt; hashes are checked as files arrive.
+
+# Python files, every step's, into DEST: pip checks each against the lock's sha256.
+verlbox_bundle_wheels() {
+  dest="$1"
+  mkdir -p "$dest"
+  if [ -n "${VERLBOX_TORCH_INDEX_URL:-}" ]; then
+    export PIP_EXTRA_INDEX_URL="$VERLBOX_TORCH_INDEX_URL"
+  fi
+  for slice in /tmp/verlbox/bundle/pip/*.txt; do
+    pip download --no-deps --require-hashes --dest "$dest" -r "$slice" || return 1
+  done
+}
+
+# Debian packages of the image's apt steps into DEST/STEP/, at the locked versions, from the base's
+# own sources (or the build's mirror): apt checks them against the archive's signed indexes.
+verlbox_bundle_debs() {
+  dest="$1"
+  verlbox_apt_begin && apt-get update || return 1
+  for slice in /tmp/verlbox/bundle/apt/*.txt; do
+    [ -e "$slice" ] || continue
+    step="$(basename "$slice" .txt)"
+    mkdir -p "$dest/$step"
+    # one word per locked package: name=version lines, split on purpose
+    # shellcheck disable=SC2046
+    (cd "$dest/$step" && apt-get download $(cat "$slice")) || return 1
+  done
+  mkdir -p "$dest"
+  rm -rf /var/lib/apt/lists/*
+}

@@ -1,0 +1,50 @@
+# Sourced after build-env.sh by every installing RUN of an offline build (`verlbox build --offline`).
+# The step runs with --network=none; pip and uv see only the bundle's wheels (each still checked
+# against the lock's sha256), apt only the step's own .debs from the bundle.
+export PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/verlbox/wheels
+export UV_OFFLINE=1 UV_NO_INDEX=1 UV_FIND_LINKS=/tmp/verlbox/wheels
+# no cache mounts offline: a cache would be written into the layer itself
+export UV_NO_CACHE=1 PIP_NO_CACHE_DIR=1
+unset PIP_INDEX_URL PIP_EXTRA_INDEX_URL
+
+# Step STEP's locked files, by hash. uv's --compile-bytecode would compile the whole environment again
+# at every step (about 35 s each here), so this step's own files are compiled instead.
+verlbox_pip() {
+  step="$1"
+  slice="/tmp/verlbox/lock/$step.pip"
+  if [ ! -f "$slice.txt" ]; then
+    echo "verlbox: the lock has no Python files for step $step: an offline build installs only the lock" >&2
+    return 1
+  fi
+  if command -v uv >/dev/null; then
+    UV_LINK_MODE=copy uv pip install --no-deps --require-hashes -r "$slice.txt" && verlbox_compile "$slice.json"
+  else
+    pip install --no-deps --require-hashes -r "$slice.txt"
+  fi && python3 /tmp/verlbox/record.py copy "$step" "$slice.json"
+}
+
+# Bytecode for the distributions a step record names; SOURCE_DATE_EPOCH makes it hash-checked .pyc.
+verlbox_compile() {
+  python3 - "$1" <<'PY'
+import compileall, functools, importlib.metadata as metadata, json, sys
+from concurrent.futures import ProcessPoolExecutor
+
+with open(sys.argv[1]) as record:
+    names = [entry["name"] for entry in json.load(record)]
+files = sorted(
+    str(path.locate()) for name in names for path in metadata.distribution(name).files or [] if path.suffix == ".py"
+)
+with ProcessPoolExecutor() as pool:
+    list(pool.map(functools.partial(compileall.compile_file, quiet=2), files, chunksize=64))
+PY
+}
+
+verlbox_apt_packages() {
+  ls -d /tmp/verlbox/debs/*.deb
+}
+
+# What apt and dpkg write with the time in it (logs, binary caches): it would differ between two builds.
+verlbox_offline_apt_clean() {
+  rm -f /var/cache/apt/*.bin /var/cache/ldconfig/aux-cache
+  find /var/log -type f -exec truncate -s 0 {} +
+}
