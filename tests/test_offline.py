@@ -71,6 +71,27 @@ def test_an_offline_build_matches_the_lock(offline_images: list[str]) -> None:
     assert created.startswith(epoch.strftime("%Y-%m-%dT%H:%M:%S")), created  # history and config dated by the lock
 
 
+# every regular file of the image with its sha256, to name what differs when two builds do
+FILE_HASHES = "find / -xdev -type f ! -path '/proc/*' ! -path '/sys/*' -print0 | sort -z | xargs -0 sha256sum"
+
+
+def _layers(tag: str) -> list[str]:
+    return json.loads(docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", tag).stdout)
+
+
 def test_two_clean_offline_builds_give_one_image_id(offline_images: list[str]) -> None:
     first, second = offline_images
-    assert first == second
+    if first == second:
+        return
+    # not the same: name the steps whose layers differ and the files that do, then fail
+    layers = [_layers(tag) for tag in OFFLINE_TAGS]
+    differ = [index for index, (a, b) in enumerate(zip(*layers, strict=True)) if a != b]
+    files = [
+        docker("run", "--rm", "--entrypoint", "bash", tag, "-c", FILE_HASHES).stdout.splitlines()
+        for tag in OFFLINE_TAGS
+    ]
+    differing = sorted({line.split(maxsplit=1)[1] for line in set(files[0]) ^ set(files[1])})
+    pytest.fail(
+        f"image IDs {first[:19]} and {second[:19]} differ; layers {differ} of {len(layers[0])} (0: the base); "
+        f"files {differing[:40]}"
+    )

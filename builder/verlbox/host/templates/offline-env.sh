@@ -28,15 +28,27 @@ verlbox_pip() {
 # RECORD line follows), so that two builds write the same bytes.
 verlbox_compile() {
   python3 - "$1" <<'PY'
-import base64, compileall, functools, hashlib, importlib.metadata as metadata, json, os, sys
-from concurrent.futures import ProcessPoolExecutor
+import base64, hashlib, importlib.metadata as metadata, json, os, subprocess, sys, tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 with open(sys.argv[1]) as record:
     distributions = [metadata.distribution(entry["name"]) for entry in json.load(record)]
 files = sorted(str(path.locate()) for dist in distributions for path in dist.files or [] if path.suffix == ".py")
-with ProcessPoolExecutor() as pool:
-    list(pool.map(functools.partial(compileall.compile_file, quiet=2), files, chunksize=64))
+
+
+# marshal's output depends on what the compiling process did before (its reference flags follow
+# refcounts), so a worker pool gives other .pyc bytes per run: fixed slices of the sorted list, each
+# compiled by a fresh interpreter, give the same bytes on any machine (failures ignored, as pip does)
+def compile_slice(paths):
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as listing:
+        listing.write("\n".join(paths) + "\n")
+        listing.flush()
+        subprocess.run([sys.executable, "-m", "compileall", "-qq", "-i", listing.name], check=False)
+
+
+with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+    list(pool.map(compile_slice, [files[i::8] for i in range(8)]))
 epoch = int(os.environ["SOURCE_DATE_EPOCH"])
 for dist in distributions:
     info = Path(dist._path)
