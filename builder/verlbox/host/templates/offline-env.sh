@@ -17,7 +17,11 @@ verlbox_pip() {
     return 1
   fi
   if command -v uv >/dev/null; then
-    UV_LINK_MODE=copy uv pip install --no-deps --require-hashes -r "$slice.txt" && verlbox_compile "$slice.json"
+    # uv leaves lock files with random names in its temporary folder (uv-setuptools-*.lock, from
+    # building an sdist): a folder of its own, removed after, keeps them out of the layer
+    scratch="$(mktemp -d)"
+    TMPDIR="$scratch" UV_LINK_MODE=copy uv pip install --no-deps --require-hashes -r "$slice.txt" \
+      && rm -rf "$scratch" && verlbox_compile "$slice.json"
   else
     pip install --no-deps --require-hashes -r "$slice.txt"
   fi && python3 /tmp/verlbox/record.py copy "$step" "$slice.json"
