@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import shutil
@@ -23,12 +22,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 from rich.console import Console
 
-from verlbox.errors import UsageError, VerlboxError
+from verlbox.errors import UsageError
 from verlbox.files import write_atomically
 from verlbox.host.build import run_buildx
-from verlbox.host.engine import require_cli
+from verlbox.host.engine import docker_output, require_cli
 from verlbox.host.plan import BuildPlan
 from verlbox.host.sources import BuildSources
+from verlbox.runtime.apex_build import file_sha256
 
 BUNDLE_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -53,26 +53,11 @@ class Manifest(BaseModel):
     files: dict[str, str]  # path inside the bundle -> sha256
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _hashes(root: Path, paths: list[Path]) -> dict[str, str]:
     # hashlib releases the GIL on large reads: threads use every core
     with ThreadPoolExecutor() as pool:
-        digests = pool.map(_sha256, paths)
+        digests = pool.map(file_sha256, paths)
     return {path.relative_to(root).as_posix(): digest for path, digest in zip(paths, digests, strict=True)}
-
-
-def _docker(*args: str) -> str:
-    run = subprocess.run([require_cli(), *args], capture_output=True, text=True, check=False)
-    if run.returncode != 0:
-        raise VerlboxError(f"docker {' '.join(args[:3])} failed: {run.stderr.strip()[-1000:]}")
-    return run.stdout.strip()
 
 
 def _image_id(reference: str) -> str | None:
@@ -109,7 +94,7 @@ def make_bundle(
             what="bundling",
         )
         with console.status(f"saving base image {plan.base_image}"):
-            _docker("image", "save", "--output", str(partial / BASE_ARCHIVE), plan.base_image)
+            docker_output("image", "save", "--output", str(partial / BASE_ARCHIVE), plan.base_image)
         if plan.apex:
             (partial / "sources").mkdir()
             archive = sources.archive(plan.apex.archive_name, plan.apex.archive_sha256)
@@ -187,7 +172,7 @@ def load_base(bundle: Path, manifest: Manifest, console: Console) -> str:
             f"remove or retag it, and the build loads the bundle's {BASE_ARCHIVE}"
         )
     with console.status(f"loading base image {reference} from {bundle / BASE_ARCHIVE}"):
-        _docker("image", "load", "--quiet", "--input", str(bundle / BASE_ARCHIVE))
+        docker_output("image", "load", "--quiet", "--input", str(bundle / BASE_ARCHIVE))
     if _image_id(reference) != wanted:
         raise UsageError(f"{bundle / BASE_ARCHIVE}: did not load as {reference} ({wanted[:19]})")
     return reference

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import subprocess
 from typing import Any
 
 import docker
@@ -30,6 +31,14 @@ def require_cli() -> str:
     if docker_cli is None:
         raise EngineError("the docker command-line client is not on PATH")
     return docker_cli
+
+
+def docker_output(*args: str) -> str:
+    """What a docker CLI command prints; its error output, shortened, when it fails."""
+    run = subprocess.run([require_cli(), *args], capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        raise EngineError(f"docker {' '.join(args[:4])} failed: {run.stderr.strip()[-1000:]}")
+    return run.stdout
 
 
 def image_exists(engine: Any, reference: str) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
-from verlbox.host.engine import require_cli
+from verlbox.host.engine import docker_output
 from verlbox.runtime.build_record import requirement_lines
 
 LOCK_FORMAT = 1
@@ -86,16 +85,9 @@ def read_lock(path: Path) -> Lock:
         ) from None
 
 
-def _docker(*args: str) -> str:
-    run = subprocess.run([require_cli(), *args], capture_output=True, text=True, check=False)
-    if run.returncode != 0:
-        raise VerlboxError(f"docker {' '.join(args[:4])} failed: {run.stderr.strip()[-1000:]}")
-    return run.stdout
-
-
 def image_records(image: str) -> dict[str, dict[str, Entries]]:
     """The build record an image carries (/opt/verlbox/build-record), read by the image's own Python."""
-    output = _docker("run", "--rm", "--entrypoint", "python", image, "-m", "verlbox.runtime.build_record", "dump")
+    output = docker_output("run", "--rm", "--entrypoint", "python", image, "-m", "verlbox.runtime.build_record", "dump")
     return json.loads(output)
 
 
@@ -122,22 +114,22 @@ def steps_in_build_order(dockerfile: str, records: dict[str, dict[str, Entries]]
 
 def image_created(image: str) -> int:
     """The image's creation time in whole seconds (Docker prints it as RFC 3339 with nanoseconds)."""
-    created = _docker("image", "inspect", "--format", "{{.Created}}", image).strip()
+    created = docker_output("image", "inspect", "--format", "{{.Created}}", image).strip()
     return int(datetime.strptime(created[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp())
 
 
 def image_labels(image: str) -> dict[str, str]:
-    return json.loads(_docker("image", "inspect", "--format", "{{json .Config.Labels}}", image)) or {}
+    return json.loads(docker_output("image", "inspect", "--format", "{{json .Config.Labels}}", image)) or {}
 
 
 def base_identity(reference: str) -> dict[str, Any]:
     """A base by registry digest where it has one; a local base (debootstrap) by image ID and packages."""
-    inspected = json.loads(_docker("image", "inspect", reference))[0]
+    inspected = json.loads(docker_output("image", "inspect", reference))[0]
     identity: dict[str, Any] = {"reference": reference, "image_id": inspected["Id"]}
     if inspected.get("RepoDigests"):
         identity["digest"] = inspected["RepoDigests"][0]
     else:
-        packages = _docker(
+        packages = docker_output(
             "run", "--rm", "--entrypoint", "dpkg-query", reference, "-W", "-f", "${Package}=${Version}\\n"
         )
         identity["packages"] = sorted(packages.split())
