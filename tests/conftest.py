@@ -8,6 +8,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,8 +103,34 @@ def docker(*args: str, check: bool = True, timeout: float = 600) -> subprocess.C
     return result
 
 
+def staging_tags() -> set[str]:
+    """The temporary tags `verlbox build` gives an image until it succeeds."""
+    return set(docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "verlbox-build/*").stdout.split())
+
+
 @pytest.fixture(scope="session")
-def build_output(docker_engine: object) -> subprocess.CompletedProcess[str]:
+def staging_tags_before_build(docker_engine: object) -> set[str]:
+    """Staging tags already there when the session started: a build killed by SIGKILL leaves one."""
+    return staging_tags()
+
+
+def build_cache_ids(engine: Any) -> set[str]:
+    return {record["ID"] for record in engine.df()["BuildCache"] or []}
+
+
+def prune_build_cache_since(engine: Any, kept: set[str]) -> None:
+    """Drop the build-cache records made since KEPT was read (a `--no-cache` build's, say), nothing older.
+
+    BuildKit prunes a record only once nothing is built on it, so each pass frees the next layer down.
+    """
+    while True:
+        passes = [engine.api.prune_builds(filters={"id": f"^{record}$"}) for record in build_cache_ids(engine) - kept]
+        if not any(result.get("CachesDeleted") for result in passes):
+            return
+
+
+@pytest.fixture(scope="session")
+def build_output(docker_engine: object, staging_tags_before_build: set[str]) -> subprocess.CompletedProcess[str]:
     """p40-cu124 built once per test session, FROM a debootstrapped base, as `verlbox build` does it."""
     result = run_verlbox("build", "p40-cu124", "--bootstrap-base", "--tag", IMAGE, *ca_arguments(), timeout=3000)
     assert result.returncode == 0, result.stderr[-5000:]

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from packaging.utils import canonicalize_name
 
-from conftest import HOST_CA_BUNDLE, IMAGE, REPO, ca_arguments, docker, run_verlbox
+from conftest import HOST_CA_BUNDLE, IMAGE, REPO, ca_arguments, docker, run_verlbox, staging_tags
 from verlbox.host.recipe import load_recipe
 from verlbox.runtime.patches import patch_set_for
 
@@ -71,11 +71,10 @@ def smoke(image: str, json_file: Path) -> tuple[int, dict[str, dict[str, str]]]:
     return result.returncode, {row["name"]: row for row in json.loads(json_file.read_text())}
 
 
-def test_build_streams_its_steps_and_tags_only_the_final_name(build_output, docker_engine) -> None:
+def test_build_streams_its_steps_and_tags_only_the_final_name(build_output, staging_tags_before_build) -> None:
     assert "[final" in build_output.stderr and "RUN verlbox_pip verl --no-deps verl==0.4.1" in build_output.stderr
     assert f"built {IMAGE}" in build_output.stderr
-    leftovers = docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "verlbox-build/*").stdout.split()
-    assert leftovers == []
+    assert staging_tags() == staging_tags_before_build
 
 
 def test_labels_carry_recipe_hash_pins_and_patch_set(image: str) -> None:
@@ -295,6 +294,7 @@ def test_smoke_fails_when_a_pinned_package_is_swapped(image: str, tmp_path: Path
 
 def test_a_failed_build_keeps_the_previous_image_and_its_tag(image: str, tmp_path: Path) -> None:
     before = docker("image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
+    tags_before = staging_tags()
     broken = tmp_path / "broken.yaml"
     broken.write_text(
         yaml.safe_dump(
@@ -310,7 +310,7 @@ def test_a_failed_build_keeps_the_previous_image_and_its_tag(image: str, tmp_pat
     log = Path(result.stderr.split("Full log: ", 1)[1].split()[0])
     assert log.is_file() and "verlbox-no-such-package" in log.read_text()
     assert docker("image", "inspect", "--format", "{{.Id}}", image).stdout.strip() == before
-    assert docker("image", "ls", "--format", "{{.Repository}}", "verlbox-build/*").stdout.split() == []
+    assert staging_tags() == tags_before
 
 
 def test_train_without_a_gpu_stops_at_preflight_in_one_sentence(image: str) -> None:

@@ -7,41 +7,79 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conftest import REPO, ca_arguments, docker, run_verlbox
+from conftest import REPO, build_cache_ids, ca_arguments, docker, prune_build_cache_since, run_verlbox
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-OFFLINE_TAGS = ("verlbox-test/p40-cu124:offline-a", "verlbox-test/p40-cu124:offline-b")
+OFFLINE_TAG = "verlbox-test/p40-cu124:offline"
+# every regular file of an image with its sha256, to name what differs when two builds do
+# (without the files `docker run` itself mounts over the image's)
+FILE_HASHES = (
+    "find / -xdev -type f ! -path /etc/hosts ! -path /etc/hostname ! -path /etc/resolv.conf -print0"
+    " | sort -z | xargs -0 sha256sum"
+)
+
+
+@dataclass
+class OfflineBuild:
+    image_id: str
+    layers: list[str]
+
+
+def _inspect(tag: str) -> OfflineBuild:
+    image_id = docker("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+    return OfflineBuild(
+        image_id, json.loads(docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", tag).stdout)
+    )
+
+
+def _file_hashes(tag: str) -> set[str]:
+    return set(docker("run", "--rm", "--entrypoint", "bash", tag, "-c", FILE_HASHES).stdout.splitlines())
 
 
 @pytest.fixture(scope="module")
-def bundle(image: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def bundle(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     out = tmp_path_factory.mktemp("bundle") / "p40-cu124"
     result = run_verlbox("bundle", "p40-cu124", "--out", str(out), *ca_arguments(), timeout=2400)
     assert result.returncode == 0, result.stderr[-5000:]
-    return out
+    yield out
+    shutil.rmtree(out)  # 3.3 GiB, and pytest keeps its last three runs' temporary folders
 
 
 @pytest.fixture(scope="module")
-def offline_images(bundle: Path) -> Iterator[list[str]]:
-    """Two `--no-cache` builds from the bundle: the image IDs they gave."""
-    ids = []
+def offline_builds(bundle: Path, docker_engine: Any) -> Iterator[tuple[OfflineBuild, OfflineBuild, set[str]]]:
+    """Two `--no-cache` builds from the bundle, and the first one's file hashes; the second stays tagged.
+
+    A build needs about 17 GB at its peak (its layers in the build cache, `docker load`'s unpacked
+    copy, the clamped image): the first image and the build-cache records of each build go before
+    the next step, so the test needs one build's room, not two.
+    """
+    kept = build_cache_ids(docker_engine)
+    builds = []
     try:
-        for tag in OFFLINE_TAGS:
+        for _ in range(2):
             result = run_verlbox(
-                "build", "p40-cu124", "--offline", str(bundle), "--no-cache", "--tag", tag, timeout=3000
+                "build", "p40-cu124", "--offline", str(bundle), "--no-cache", "--tag", OFFLINE_TAG, timeout=3000
             )
             assert result.returncode == 0, result.stderr[-5000:]
-            ids.append(docker("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip())
-        yield ids
+            prune_build_cache_since(docker_engine, kept)
+            builds.append(_inspect(OFFLINE_TAG))
+            if len(builds) == 1:
+                first_files = _file_hashes(OFFLINE_TAG)
+                docker("image", "rm", OFFLINE_TAG)
+        yield builds[0], builds[1], first_files
     finally:
-        docker("image", "rm", *OFFLINE_TAGS, check=False)
+        docker("image", "rm", OFFLINE_TAG, check=False)
+        prune_build_cache_since(docker_engine, kept)
 
 
 def test_the_bundle_holds_every_locked_file_with_the_locks_hash(bundle: Path) -> None:
@@ -62,40 +100,25 @@ def test_the_bundle_holds_every_locked_file_with_the_locks_hash(bundle: Path) ->
     assert not [path for path in bundle.rglob("*") if path.is_file() and path.stat().st_uid != os.getuid()]
 
 
-def test_an_offline_build_matches_the_lock(offline_images: list[str]) -> None:
-    result = run_verlbox("verify", OFFLINE_TAGS[0])
+def test_an_offline_build_matches_the_lock(offline_builds: tuple[OfflineBuild, OfflineBuild, set[str]]) -> None:
+    result = run_verlbox("verify", OFFLINE_TAG)
     assert result.returncode == 0, result.stdout + result.stderr
-    created = docker("image", "inspect", "--format", "{{.Created}}", OFFLINE_TAGS[0]).stdout
+    created = docker("image", "inspect", "--format", "{{.Created}}", OFFLINE_TAG).stdout
     lock = json.loads((REPO / "recipes" / "p40-cu124.lock.json").read_text())
     epoch = datetime.fromtimestamp(lock["source_date_epoch"], tz=timezone.utc)
     assert created.startswith(epoch.strftime("%Y-%m-%dT%H:%M:%S")), created  # history and config dated by the lock
 
 
-# every regular file of the image with its sha256, to name what differs when two builds do
-# (without the files `docker run` itself mounts over the image's)
-FILE_HASHES = (
-    "find / -xdev -type f ! -path /etc/hosts ! -path /etc/hostname ! -path /etc/resolv.conf -print0"
-    " | sort -z | xargs -0 sha256sum"
-)
-
-
-def _layers(tag: str) -> list[str]:
-    return json.loads(docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", tag).stdout)
-
-
-def test_two_clean_offline_builds_give_one_image_id(offline_images: list[str]) -> None:
-    first, second = offline_images
-    if first == second:
+def test_two_clean_offline_builds_give_one_image_id(
+    offline_builds: tuple[OfflineBuild, OfflineBuild, set[str]],
+) -> None:
+    first, second, first_files = offline_builds
+    if first.image_id == second.image_id:
         return
     # not the same: name the steps whose layers differ and the files that do, then fail
-    layers = [_layers(tag) for tag in OFFLINE_TAGS]
-    differ = [index for index, (a, b) in enumerate(zip(*layers, strict=True)) if a != b]
-    files = [
-        docker("run", "--rm", "--entrypoint", "bash", tag, "-c", FILE_HASHES).stdout.splitlines()
-        for tag in OFFLINE_TAGS
-    ]
-    differing = sorted({line.split(maxsplit=1)[1] for line in set(files[0]) ^ set(files[1])})
+    differ = [index for index, (a, b) in enumerate(zip(first.layers, second.layers, strict=True)) if a != b]
+    differing = sorted({line.split(maxsplit=1)[1] for line in first_files ^ _file_hashes(OFFLINE_TAG)})
     pytest.fail(
-        f"image IDs {first[:19]} and {second[:19]} differ; layers {differ} of {len(layers[0])} (0: the base); "
-        f"files {differing[:40]}"
+        f"image IDs {first.image_id[:19]} and {second.image_id[:19]} differ; layers {differ} of "
+        f"{len(first.layers)} (0: the base); files {differing[:40]}"
     )

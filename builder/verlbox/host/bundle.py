@@ -128,6 +128,11 @@ def read_manifest(bundle: Path) -> Manifest:
         raise UsageError(f"{path}: not a verlbox bundle manifest ({' '.join(str(exc).split())[:300]})") from None
 
 
+def bundle_bytes(bundle: Path, manifest: Manifest) -> int:
+    """The size of the files the manifest lists (one that is missing counts nothing: `check_bundle` names it)."""
+    return sum((bundle / name).stat().st_size for name in manifest.files if (bundle / name).is_file())
+
+
 def check_bundle(plan: BuildPlan, bundle: Path, *, files: bool = True) -> Manifest:
     """The bundle against the plan's recipe and lock and, with FILES, every file against its hash.
 

@@ -146,14 +146,18 @@ def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
 
 
 def _offline_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
-    """The bundle checked file by file and its base loaded, before any step runs."""
-    from verlbox.host.bundle import check_bundle, load_base, read_manifest
+    """Room for the build checked, the bundle checked file by file and its base loaded, before any step runs."""
+    from verlbox.host.bundle import bundle_bytes, check_bundle, load_base, read_manifest
+    from verlbox.host.diskspace import offline_build_need, require_free_space
+    from verlbox.host.engine import client
 
     clashing = [f"--{name.replace('_', '-')}" for name in OFFLINE_CLASHES if getattr(args, name)]
     if clashing:
         raise UsageError(f"--offline builds from the bundle alone: drop {', '.join(clashing)}")
     bundle = Path(args.offline)
-    plan = BuildPlan(recipe, base_override=read_manifest(bundle).base.reference, offline=True)
+    listed = read_manifest(bundle)
+    require_free_space(client(), offline_build_need(bundle_bytes(bundle, listed)), f"an offline build of {recipe.name}")
+    plan = BuildPlan(recipe, base_override=listed.base.reference, offline=True)
     with err.status(f"checking {bundle} against its manifest"):
         manifest = check_bundle(plan, bundle)
     load_base(bundle, manifest, err)
@@ -161,7 +165,7 @@ def _offline_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
 
 
 def bundle(args: argparse.Namespace) -> int:
-    from verlbox.host.bundle import make_bundle
+    from verlbox.host.bundle import bundle_bytes, make_bundle
 
     recipe = load_recipe(args.recipe)
     plan = BuildPlan(recipe)
@@ -171,7 +175,7 @@ def bundle(args: argparse.Namespace) -> int:
     plan = BuildPlan(recipe, base_override=plan.lock.base["reference"])
     out_dir = Path(args.out)
     manifest = make_bundle(plan, out_dir, sources=_sources(args), progress=args.progress, console=err)
-    size = sum((out_dir / name).stat().st_size for name in manifest.files)
+    size = bundle_bytes(out_dir, manifest)
     err.print(f"wrote {out_dir}: {len(manifest.files)} files, {size / 2**30:.1f} GiB, hashes in manifest.json")
     return 0
 
