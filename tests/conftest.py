@@ -115,13 +115,15 @@ def staging_tags_before_build(docker_engine: object) -> set[str]:
 
 
 def build_cache_ids(engine: Any) -> set[str]:
-    return {record["ID"] for record in engine.df()["BuildCache"] or []}
+    return {record["ID"] for record in engine.df().get("BuildCache") or []}
 
 
 def prune_build_cache_since(engine: Any, kept: set[str]) -> None:
     """Drop the build-cache records made since KEPT was read (a `--no-cache` build's, say), nothing older.
 
     BuildKit prunes a record only once nothing is built on it, so each pass frees the next layer down.
+    Records of another build running on the engine at the time go too (unless in use): the tests
+    build one image at a time. This reaches the engine's own BuildKit, the builder verlbox uses.
     """
     while True:
         passes = [engine.api.prune_builds(filters={"id": f"^{record}$"}) for record in build_cache_ids(engine) - kept]

@@ -59,24 +59,25 @@ def bundle(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
 def offline_builds(bundle: Path, docker_engine: Any) -> Iterator[tuple[OfflineBuild, OfflineBuild, set[str]]]:
     """Two `--no-cache` builds from the bundle, and the first one's file hashes; the second stays tagged.
 
-    A build needs about 17 GB at its peak (its layers in the build cache, `docker load`'s unpacked
-    copy, the clamped image): the first image and the build-cache records of each build go before
-    the next step, so the test needs one build's room, not two.
+    A build takes 17-19 GiB at its peak (the bundle sent into BuildKit's cache, its layers there, the
+    temporary copies of the clamp's save and load, the clamped image): the first image and each
+    build's cache records go before the next step, so the test needs one build's room, not two.
     """
     kept = build_cache_ids(docker_engine)
-    builds = []
+
+    def build() -> OfflineBuild:
+        result = run_verlbox(
+            "build", "p40-cu124", "--offline", str(bundle), "--no-cache", "--tag", OFFLINE_TAG, timeout=3000
+        )
+        assert result.returncode == 0, result.stderr[-5000:]
+        prune_build_cache_since(docker_engine, kept)
+        return _inspect(OFFLINE_TAG)
+
     try:
-        for _ in range(2):
-            result = run_verlbox(
-                "build", "p40-cu124", "--offline", str(bundle), "--no-cache", "--tag", OFFLINE_TAG, timeout=3000
-            )
-            assert result.returncode == 0, result.stderr[-5000:]
-            prune_build_cache_since(docker_engine, kept)
-            builds.append(_inspect(OFFLINE_TAG))
-            if len(builds) == 1:
-                first_files = _file_hashes(OFFLINE_TAG)
-                docker("image", "rm", OFFLINE_TAG)
-        yield builds[0], builds[1], first_files
+        first = build()
+        first_files = _file_hashes(OFFLINE_TAG)  # about a minute: the image goes before the second build
+        docker("image", "rm", OFFLINE_TAG)
+        yield first, build(), first_files
     finally:
         docker("image", "rm", OFFLINE_TAG, check=False)
         prune_build_cache_since(docker_engine, kept)

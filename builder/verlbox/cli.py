@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="build from a `verlbox bundle` folder: no network in any step, file times clamped to the lock's date",
     )
     build.add_argument("--no-cache", action="store_true")
+    build.add_argument(
+        "--skip-space-check",
+        action="store_true",
+        help="with --offline: start even when Docker's data folder has less free room than the build is "
+        "estimated to need",
+    )
 
     bundle = sub["bundle"]
     bundle.add_argument("recipe", help=RECIPE_HELP)

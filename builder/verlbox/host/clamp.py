@@ -117,8 +117,9 @@ def _inspect(reference: str) -> dict:
 def clamp_image(image: str, base: str, epoch: int, tag: str) -> str:
     """Load IMAGE's clamped copy as TAG; returns its image ID. The base's own layers are left as they are.
 
-    One pass, no temporary copy: `docker save` streams in, each layer is clamped as it passes, and
-    `docker load` reads the manifest and config only after the layers, when their new digests are known.
+    One pass, with no copy of verlbox's own (this engine's save and load each make one): `docker save`
+    streams in, each layer is clamped as it passes, and `docker load` reads the manifest and config
+    only after the layers, when their new digests are known.
     """
     inspected = _inspect(image)
     layers: list[str] = inspected["RootFS"]["Layers"]

@@ -111,6 +111,8 @@ def build(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe)
     check_tags(args.tag or [])
+    if args.skip_space_check and not args.offline:
+        raise UsageError("--skip-space-check goes with --offline: only offline builds check the room first")
     if args.offline:
         plan, sources, bundle = _offline_plan(args, recipe), _sources(args), Path(args.offline)
     else:
@@ -155,9 +157,11 @@ def _offline_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
     if clashing:
         raise UsageError(f"--offline builds from the bundle alone: drop {', '.join(clashing)}")
     bundle = Path(args.offline)
-    listed = read_manifest(bundle)
-    require_free_space(client(), offline_build_need(bundle_bytes(bundle, listed)), f"an offline build of {recipe.name}")
-    plan = BuildPlan(recipe, base_override=listed.base.reference, offline=True)
+    plan = BuildPlan(recipe, base_override=read_manifest(bundle).base.reference, offline=True)
+    listed = check_bundle(plan, bundle, files=False)  # made for this recipe and lock: a wrong bundle is bad input
+    if not args.skip_space_check:
+        need = offline_build_need(bundle_bytes(bundle, listed))
+        require_free_space(client(), need, f"an offline build of {recipe.name}")
     with err.status(f"checking {bundle} against its manifest"):
         manifest = check_bundle(plan, bundle)
     load_base(bundle, manifest, err)
