@@ -21,6 +21,7 @@ from verlbox.host.engine import client, require_cli, retag, untag
 from verlbox.host.plan import BuildPlan
 from verlbox.host.reference import ImageReference, parse_tag
 from verlbox.host.sources import BuildSources
+from verlbox.host.staging import remove_dead_builds_tags, staging_tag
 
 _STEP_START = re.compile(r"^#(\d+) (\[.+|exporting.+|naming.+|writing.+|unpacking.+)$")
 # what a step line shows: its instruction without mount flags and the CA-trust preamble
@@ -160,14 +161,16 @@ def build_image(
     if not plan.offline:
         sources.require_torch_index(plan.recipe.name, plan.torch_index)
     engine = client()
-    temporary_tag = f"verlbox-build/{plan.recipe.name}:{secrets.token_hex(6)}"
+    for tag in remove_dead_builds_tags(engine, plan.recipe.name):
+        console.print(f"removed {tag}: the build that made it was killed", markup=False, highlight=False)
+    temporary_tag = staging_tag(plan.recipe.name)
     arguments = ["--load", "--target", "final", "--tag", temporary_tag] + (["--no-cache"] if no_cache else [])
     if plan.offline:
         assert bundle is not None and plan.source_date_epoch is not None
         arguments += ["--build-context", f"bundle={bundle.resolve()}"]
         arguments += ["--build-arg", f"SOURCE_DATE_EPOCH={plan.source_date_epoch}"]
     started = time.monotonic()
-    clamped_tag = f"{temporary_tag}-clamped"
+    clamped_tag = staging_tag(plan.recipe.name)
     try:
         steps = run_buildx(plan, arguments, sources=sources, progress=progress, console=console, what="building")
         image_id = engine.images.get(temporary_tag).id

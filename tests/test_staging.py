@@ -1,0 +1,44 @@
+"""Staging tags: a killed build's is removed by the next build on the host, a running build's is kept."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import docker, staging_tags
+from verlbox.host.staging import REPOSITORY, remove_dead_builds_tags, staging_tag
+
+RECIPE = "verlbox-test-staging"
+
+
+def test_a_staging_tag_names_this_process_and_host_in_a_valid_tag() -> None:
+    first, second = staging_tag("p40-cu124"), staging_tag("p40-cu124")
+    assert first != second
+    tag = first.rpartition(":")[2]
+    assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", tag), tag
+    assert tag.startswith(f"{os.getpid()}-")
+
+
+@pytest.mark.docker
+def test_only_the_tags_of_dead_builds_on_this_host_are_removed(docker_engine, tmp_path: Path) -> None:
+    (tmp_path / "Dockerfile").write_text("FROM scratch\nCOPY Dockerfile /\n")
+    image = docker("buildx", "build", "--load", "--quiet", str(tmp_path)).stdout.strip()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)  # that process has exited
+    live = staging_tag(RECIPE)  # this test's own process
+    killed = live.replace(live.rpartition(":")[2].partition("-")[0], str(dead_pid), 1)
+    elsewhere = f"{killed}-on-another-host"
+    foreign = f"{REPOSITORY}/{RECIPE}:0123456789ab"  # an older verlbox's tag: unknown owner, kept
+    made = [live, killed, elsewhere, foreign]
+    try:
+        for tag in made:
+            docker("tag", image, tag)
+        assert remove_dead_builds_tags(docker_engine, RECIPE) == [killed]
+        assert {tag for tag in staging_tags() if f"/{RECIPE}:" in tag} == {live, elsewhere, foreign}
+    finally:
+        docker("image", "rm", *made, check=False)
