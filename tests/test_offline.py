@@ -36,10 +36,8 @@ class OfflineBuild:
 
 
 def _inspect(tag: str) -> OfflineBuild:
-    image_id = docker("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
-    return OfflineBuild(
-        image_id, json.loads(docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", tag).stdout)
-    )
+    (inspected,) = json.loads(docker("image", "inspect", tag).stdout)
+    return OfflineBuild(inspected["Id"], inspected["RootFS"]["Layers"])
 
 
 def _file_hashes(tag: str) -> set[str]:

@@ -129,16 +129,20 @@ def read_manifest(bundle: Path) -> Manifest:
 
 
 def bundle_bytes(bundle: Path, manifest: Manifest) -> int:
-    """The size of the files the manifest lists (one that is missing counts nothing: `check_bundle` names it)."""
+    """The size of the files the manifest lists (one that is missing counts nothing: `check_files` names it)."""
     return sum((bundle / name).stat().st_size for name in manifest.files if (bundle / name).is_file())
 
 
-def check_bundle(plan: BuildPlan, bundle: Path, *, files: bool = True) -> Manifest:
-    """The bundle against the plan's recipe and lock and, with FILES, every file against its hash.
-
-    A file the manifest does not list is refused too: an offline apt step installs every .deb of its folder.
-    """
+def check_bundle(plan: BuildPlan, bundle: Path) -> Manifest:
+    """The bundle's manifest against the plan's recipe and lock, then every file against its hash."""
     manifest = read_manifest(bundle)
+    check_manifest(plan, bundle, manifest)
+    check_files(bundle, manifest)
+    return manifest
+
+
+def check_manifest(plan: BuildPlan, bundle: Path, manifest: Manifest) -> None:
+    """The manifest was made for the plan's recipe and lock: a bundle for another one is bad input."""
     path = bundle / MANIFEST
     lock = plan.lock
     assert lock is not None  # an offline plan has a lock
@@ -152,8 +156,14 @@ def check_bundle(plan: BuildPlan, bundle: Path, *, files: bool = True) -> Manife
                 f"{path}: {key} is {found}, but recipe {plan.recipe.name} and its lock need {expected}: "
                 "this bundle was made for another recipe or lock"
             )
-    if not files:
-        return manifest
+
+
+def check_files(bundle: Path, manifest: Manifest) -> None:
+    """Every file the manifest lists, present with its hash, and no other.
+
+    A file the manifest does not list is refused too: an offline apt step installs every .deb of its folder.
+    """
+    path = bundle / MANIFEST
     present = {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()} - {MANIFEST}
     listed = set(manifest.files)
     for names, problem in ((listed - present, "listed in it are missing"), (present - listed, "are not listed in it")):
@@ -162,7 +172,6 @@ def check_bundle(plan: BuildPlan, bundle: Path, *, files: bool = True) -> Manife
     for name, digest in _hashes(bundle, [bundle / name for name in sorted(manifest.files)]).items():
         if digest != manifest.files[name]:
             raise UsageError(f"{bundle / name}: sha256 {digest}, but {MANIFEST} says {manifest.files[name]}")
-    return manifest
 
 
 def load_base(bundle: Path, manifest: Manifest, console: Console) -> str:

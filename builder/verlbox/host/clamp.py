@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import IO
 
 from verlbox.errors import BuildError
-from verlbox.host.engine import require_cli
+from verlbox.host.engine import docker_output, require_cli
 
 BLOCK = 512
 COPY_CHUNK = 1 << 20
@@ -108,10 +108,7 @@ def _read(source: IO[bytes], size: int) -> bytes:
 
 
 def _inspect(reference: str) -> dict:
-    run = subprocess.run([require_cli(), "image", "inspect", reference], capture_output=True, text=True, check=False)
-    if run.returncode != 0:
-        raise BuildError(f"docker image inspect {reference}: {run.stderr.strip()[-500:]}")
-    return json.loads(run.stdout)[0]
+    return json.loads(docker_output("image", "inspect", reference))[0]
 
 
 def clamp_image(image: str, base: str, epoch: int, tag: str) -> str:

@@ -80,10 +80,11 @@ def render(args: argparse.Namespace) -> int:
         raise UsageError("render needs a RECIPE (or --check / --sync)")
     recipe = load_recipe(args.recipe)
     if args.offline:
-        from verlbox.host.bundle import check_bundle, read_manifest
+        from verlbox.host.bundle import check_manifest, read_manifest
 
-        plan = BuildPlan(recipe, base_override=read_manifest(Path(args.offline)).base.reference, offline=True)
-        check_bundle(plan, Path(args.offline), files=False)
+        manifest = read_manifest(Path(args.offline))
+        plan = BuildPlan(recipe, base_override=manifest.base.reference, offline=True)
+        check_manifest(plan, Path(args.offline), manifest)
     else:
         plan = BuildPlan(recipe, base_override=args.base_image)
     text = render_dockerfile(plan)
@@ -149,7 +150,7 @@ def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
 
 def _offline_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
     """Room for the build checked, the bundle checked file by file and its base loaded, before any step runs."""
-    from verlbox.host.bundle import bundle_bytes, check_bundle, load_base, read_manifest
+    from verlbox.host.bundle import bundle_bytes, check_files, check_manifest, load_base, read_manifest
     from verlbox.host.diskspace import offline_build_need, require_free_space
     from verlbox.host.engine import client
 
@@ -157,13 +158,14 @@ def _offline_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
     if clashing:
         raise UsageError(f"--offline builds from the bundle alone: drop {', '.join(clashing)}")
     bundle = Path(args.offline)
-    plan = BuildPlan(recipe, base_override=read_manifest(bundle).base.reference, offline=True)
-    listed = check_bundle(plan, bundle, files=False)  # made for this recipe and lock: a wrong bundle is bad input
+    manifest = read_manifest(bundle)
+    plan = BuildPlan(recipe, base_override=manifest.base.reference, offline=True)
+    check_manifest(plan, bundle, manifest)  # a bundle for another recipe or lock is bad input, before the room
     if not args.skip_space_check:
-        need = offline_build_need(bundle_bytes(bundle, listed))
+        need = offline_build_need(bundle_bytes(bundle, manifest))
         require_free_space(client(), need, f"an offline build of {recipe.name}")
     with err.status(f"checking {bundle} against its manifest"):
-        manifest = check_bundle(plan, bundle)
+        check_files(bundle, manifest)
     load_base(bundle, manifest, err)
     return plan
 
