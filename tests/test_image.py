@@ -101,6 +101,26 @@ def test_inside_torch_260_verl_041_and_no_flash_attn(image: str) -> None:
     }
 
 
+BYTECODE_PROBE = """
+import importlib.metadata as metadata, importlib.util, json, os
+missing = {}
+for dist in metadata.distributions():
+    for path in dist.files or []:
+        source = str(path.locate())
+        if path.suffix == ".py" and os.path.exists(source) and "/site-packages/" in source:
+            if not os.path.exists(importlib.util.cache_from_source(source)):
+                missing.setdefault(dist.metadata["Name"], []).append(str(path))
+print(json.dumps(missing))
+"""
+
+
+def test_every_installed_python_file_has_its_bytecode(image: str) -> None:
+    """The image runs with PYTHONDONTWRITEBYTECODE: a file without bytecode compiles at every import.
+    Each step compiles its own files (and the patch step the files it changes)."""
+    result = docker("run", "--rm", "--entrypoint", "python", image, "-c", BYTECODE_PROBE)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {}
+
+
 def in_image(image: str, script: str) -> str:
     """What a shell script prints in a throwaway container (its exit status does not matter)."""
     return docker("run", "--rm", "--entrypoint", "sh", image, "-c", f"{script}; true").stdout.strip()

@@ -34,6 +34,20 @@ def test_applies_every_patch_once_and_the_code_still_compiles(verl_tree: Path) -
     assert "dtype=torch.bfloat16):" not in (verl_tree / "verl/workers/actor/dp_actor.py").read_text()
 
 
+def test_patched_files_get_fresh_bytecode(verl_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Images run with PYTHONDONTWRITEBYTECODE: a patched file without bytecode would compile at every import."""
+    import importlib.util
+
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)  # timestamp .pyc: the header holds the source size
+    cached = {file: Path(importlib.util.cache_from_source(str(verl_tree / file))) for file in PATCHED_FILES}
+    for file, pyc in cached.items():
+        py_compile.compile(str(verl_tree / file), cfile=str(pyc), doraise=True)
+    apply(verl_tree)
+    for file, pyc in cached.items():
+        header = pyc.read_bytes()[:16]
+        assert int.from_bytes(header[12:16], "little") == (verl_tree / file).stat().st_size, file
+
+
 def test_stock_configuration_keeps_stock_behaviour(verl_tree: Path) -> None:
     """Every patched decision defaults to what verl did before when the config says nothing."""
     apply(verl_tree)

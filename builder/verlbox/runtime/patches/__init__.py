@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import py_compile
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
@@ -171,6 +172,11 @@ def _replace_all(new_texts: dict[Path, str]) -> None:
         for temporary in staged.values():
             temporary.unlink(missing_ok=True)
     for path in new_texts:
-        # a stale bytecode cache must not keep running the unpatched code
+        # a stale bytecode cache must not keep running the unpatched code, and images run with
+        # PYTHONDONTWRITEBYTECODE: without fresh bytecode, every import would compile the file again
         for cached in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
             cached.unlink()
+        try:
+            py_compile.compile(str(path), doraise=True)
+        except py_compile.PyCompileError as exc:
+            raise PatchError(f"{path} does not compile after patching: {exc.msg}") from None
