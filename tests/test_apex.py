@@ -3,9 +3,11 @@ fatbin reader smoke relies on (checked against cuobjdump in tests/test_image.py)
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from conftest import REPO, run_verlbox
 from verlbox.host.plan import BuildPlan
 from verlbox.host.recipe import load_recipe
 from verlbox.host.render import render_dockerfile
+from verlbox.host.sources import default_archive_dir
 from verlbox.runtime.apex_build import ApexBuildError, apply_build_patches, archive_commit, build
 from verlbox.runtime.apex_facts import apex_facts
 
@@ -69,7 +72,40 @@ def test_the_apex_stage_depends_on_nothing_outside_the_apex_component(tmp_path: 
 def test_the_plan_carries_the_archive_hash_targets_and_declared_patches() -> None:
     plan = load_recipe("p40-cu124").apex.build_plan("6.1")
     assert plan["commit"] == COMMIT and plan["arch_list"] == "6.1" and plan["max_jobs"] is None
-    assert [patch["id"] for patch in plan["build_patches"]] == ["drop-compute-70-for-cuda-13"]
+    patches = ["drop-compute-70-for-cuda-13", "skip-fused-weight-gradient-mlp"]
+    assert [patch["id"] for patch in plan["build_patches"]] == patches
+
+
+# the extension's fixed SASS (sm_70/80/86/90/100/120) runs on 7.5 (sm_70), 8.9 (sm_86) and 9.0, on nothing older
+SKIPPED_FOR = [("6.1", True), ("6.0;6.1", True), ("5.2", True), ("6.1;8.0", False), ("7.5", False), ("9.0", False)]
+
+
+@pytest.mark.parametrize(("arch_list", "skipped"), SKIPPED_FOR)
+def test_an_extension_is_skipped_only_when_it_would_run_on_no_target(arch_list: str, skipped: bool) -> None:
+    plan = load_recipe("p40-cu124").apex.build_plan(arch_list)
+    planned = {patch["id"] for patch in plan["build_patches"]}
+    assert ("skip-fused-weight-gradient-mlp" in planned) is skipped
+    facts = apex_facts(COMMIT)
+    built = facts.built_cuda_extensions(sorted(planned))
+    assert ("fused_weight_gradient_mlp_cuda" in built) is not skipped and len(built) == 11 - skipped
+
+
+def test_every_declared_patch_matches_the_real_setup_py(tmp_path: Path) -> None:
+    archives = default_archive_dir(os.environ)
+    archive = archives / f"apex-{COMMIT}.tar.gz"
+    if not archive.is_file():
+        pytest.skip(f"no Apex archive in {archives} (set VERLBOX_SOURCES; .ci/run does)")
+    with tarfile.open(archive) as tar:
+        member = tar.getmember(f"apex-{COMMIT}/setup.py")
+        setup_py = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
+    (tmp_path / "setup.py").write_text(setup_py)
+    patches = [patch.model_dump() for patch in apex_facts(COMMIT).build_patches]
+    assert apply_build_patches(tmp_path, patches, "13.0") == [patch["id"] for patch in patches]
+    patched = (tmp_path / "setup.py").read_text()
+    ast.parse(patched)
+    compute_70 = "arch=compute_70,code=sm_70"  # other extensions, behind other flags, keep theirs
+    assert patched.count(compute_70) == setup_py.count(compute_70) - 1
+    assert patched.count("if False:  # verlbox") == 1
 
 
 def test_build_patches_apply_by_cuda_version_and_count(tmp_path: Path) -> None:

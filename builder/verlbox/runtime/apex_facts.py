@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from verlbox.errors import UsageError
+from verlbox.runtime.gpu import has_code_for
 
 
 class BuildPatch(BaseModel):
@@ -19,9 +20,18 @@ class BuildPatch(BaseModel):
     file: str
     why: str
     min_cuda: str = "0"  # applied only when nvcc's CUDA version is at least this
+    # a patch that keeps setup.py from building this extension: planned only when it would be useless
+    skips_extension: str | None = None
     count: int = Field(ge=1)
     find: str
     replace: str
+
+
+class FixedArchitectures(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sass: list[str]
+    why: str
 
 
 class ApexFacts(BaseModel):
@@ -31,12 +41,31 @@ class ApexFacts(BaseModel):
     tag: str
     extensions: list[str]
     cpu_only: list[str]
-    fixed_architectures: dict[str, str]
+    fixed_architectures: dict[str, FixedArchitectures]
     build_patches: list[BuildPatch]
 
-    @property
-    def cuda_extensions(self) -> list[str]:
-        return [name for name in self.extensions if name not in self.cpu_only]
+    def useless_for(self, targets: list[str]) -> set[str]:
+        """Extensions whose fixed architectures run on none of the target GPUs."""
+        return {
+            name
+            for name, fixed in self.fixed_architectures.items()
+            if not any(has_code_for(target, fixed.sass) for target in targets)
+        }
+
+    def patches_for(self, targets: list[str]) -> list[BuildPatch]:
+        useless = self.useless_for(targets)
+        return [patch for patch in self.build_patches if patch.skips_extension in (None, *useless)]
+
+    def built_extensions(self, applied_patches: list[str]) -> list[str]:
+        """The extension modules a build with these patches applied makes."""
+        skipped = {patch.skips_extension for patch in self.build_patches if patch.id in applied_patches}
+        return [name for name in self.extensions if name not in skipped]
+
+    def built_cuda_extensions(self, applied_patches: list[str]) -> list[str]:
+        return [name for name in self.built_extensions(applied_patches) if name not in self.cpu_only]
+
+    def skipped_extensions(self, applied_patches: list[str]) -> list[str]:
+        return [name for name in self.extensions if name not in self.built_extensions(applied_patches)]
 
 
 @cache

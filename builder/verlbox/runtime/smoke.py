@@ -143,15 +143,21 @@ def check_pins(ctx: SmokeContext) -> str:
     return f"{len(pins)} pins match; {loads}"
 
 
-def apex_source_commit() -> str:
-    """The commit the installed Apex was compiled from, as its build stage recorded it in the dist-info."""
+def apex_source_record() -> dict | None:
+    """What the installed Apex's build stage recorded in its dist-info (commit, nvcc, patches), if any."""
     try:
         record = importlib.metadata.distribution("apex").read_text(SOURCE_RECORD)
     except importlib.metadata.PackageNotFoundError:
-        return "absent"
+        return None
+    return json.loads(record) if record is not None else {}
+
+
+def apex_source_commit() -> str:
+    """The commit the installed Apex was compiled from, as its build stage recorded it in the dist-info."""
+    record = apex_source_record()
     if record is None:
-        return "installed without a source record"
-    return str(json.loads(record).get("commit", "unknown"))
+        return "absent"
+    return str(record.get("commit", "installed without a source record"))
 
 
 def _apex_facts(ctx: SmokeContext) -> ApexFacts:
@@ -160,43 +166,50 @@ def _apex_facts(ctx: SmokeContext) -> ApexFacts:
     return apex_facts(ctx.spec.apex_commit)
 
 
+def _applied_apex_patches() -> list[str]:
+    return list((apex_source_record() or {}).get("build_patches", []))
+
+
 def check_apex_extensions(ctx: SmokeContext) -> str:
     facts = _apex_facts(ctx)
     import torch  # noqa: F401  (the extensions link against torch's libraries)
 
     importlib.import_module("apex")
+    applied = _applied_apex_patches()
+    built = facts.built_extensions(applied)
     broken = []
-    for name in facts.extensions:
+    for name in built:
         try:
             importlib.import_module(name)
         except ImportError as exc:
             broken.append(f"{name} ({exc})")
     if broken:
         raise AssertionError("Apex extension modules that do not load: " + "; ".join(broken))
-    return f"apex and its {len(facts.extensions)} extension modules load (built with --cpp_ext --cuda_ext)"
+    skipped = facts.skipped_extensions(applied)
+    detail = f"apex and its {len(built)} extension modules load (built with --cpp_ext --cuda_ext)"
+    return detail + (f"; not built, no code for the targets: {', '.join(skipped)}" if skipped else "")
 
 
 def check_apex_machine_code(ctx: SmokeContext) -> str:
     """Read each CUDA extension's fatbin: machine code (SASS) for every target GPU, or a named exception."""
     facts = _apex_facts(ctx)
-    missing, excepted, seen = [], [], set()
-    for name in facts.cuda_extensions:
+    built = facts.built_cuda_extensions(_applied_apex_patches())
+    missing: list[str] = []
+    excepted: list[str] = []
+    for name in built:
         spec = importlib.util.find_spec(name)
         if spec is None or spec.origin is None:
             missing.append(f"{name}: not installed")
             continue
         sass = fatbin_architectures(Path(spec.origin))["sass"]
-        seen.update(sass)
         lacking = [cc for cc in ctx.spec.target_gpus if not has_code_for(cc, sass)]
         if lacking and name in facts.fixed_architectures:
-            excepted.append(f"{name} has {' '.join(sass) or 'no SASS'} ({facts.fixed_architectures[name]})")
+            excepted.append(f"{name} has {' '.join(sass) or 'no SASS'} ({facts.fixed_architectures[name].why})")
         elif lacking:
             missing.append(f"{name}: no machine code for {', '.join(lacking)} (has {' '.join(sass) or 'none'})")
     if missing:
         raise AssertionError("; ".join(missing))
-    detail = (
-        f"{len(facts.cuda_extensions) - len(excepted)} CUDA extensions hold SASS for {', '.join(ctx.spec.target_gpus)}"
-    )
+    detail = f"{len(built) - len(excepted)} CUDA extensions hold SASS for {', '.join(ctx.spec.target_gpus)}"
     return detail + (f"; exception: {'; '.join(excepted)}" if excepted else "")
 
 

@@ -60,7 +60,7 @@ class Apex(Component):
             "arch_list": arch_list,
             "build_style": self.build_style,
             "max_jobs": self.max_jobs,
-            "build_patches": [patch.model_dump() for patch in facts.build_patches],
+            "build_patches": [patch.model_dump() for patch in facts.patches_for(arch_list.split(";"))],
         }
 
     def build_plan_json(self, arch_list: str) -> str:
