@@ -53,8 +53,9 @@ RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \
     && cp -r /opt/verlbox/build-record /wheels/build-record
 
 FROM system AS final
-# verl 0.4.1's dependencies, each pinned (verl itself goes in with --no-deps)
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/lock/verl-deps.pip.txt,target=/tmp/verlbox/lock/verl-deps.pip.txt --mount=type=bind,source=verlbox-build/lock/verl-deps.pip.json,target=/tmp/verlbox/lock/verl-deps.pip.json --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+# verl 0.4.1's dependencies, each pinned, then verl itself with --no-deps: two steps, one RUN
+# (each RUN that mounts the build's secrets over freshly written layers waits for the engine, ~9 s here)
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/lock/verl-deps.pip.txt,target=/tmp/verlbox/lock/verl-deps.pip.txt --mount=type=bind,source=verlbox-build/lock/verl-deps.pip.json,target=/tmp/verlbox/lock/verl-deps.pip.json --mount=type=bind,source=verlbox-build/lock/verl.pip.txt,target=/tmp/verlbox/lock/verl.pip.txt --mount=type=bind,source=verlbox-build/lock/verl.pip.json,target=/tmp/verlbox/lock/verl.pip.json --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     . /tmp/verlbox/build-env.sh && verlbox_pip verl-deps \
        accelerate==1.7.0 \
        codetiming==1.4.0 \
@@ -73,9 +74,8 @@ RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/buil
        torchdata==0.11.0 \
        transformers==4.51.3 \
        wandb==0.20.1 \
-       torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/lock/verl.pip.txt,target=/tmp/verlbox/lock/verl.pip.txt --mount=type=bind,source=verlbox-build/lock/verl.pip.json,target=/tmp/verlbox/lock/verl.pip.json --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    . /tmp/verlbox/build-env.sh && verlbox_pip verl --no-deps verl==0.4.1
+       torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0 \
+    && verlbox_pip verl --no-deps verl==0.4.1
 # the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
 RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
     pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \
