@@ -27,6 +27,18 @@ _STEP_START = re.compile(r"^#(\d+) (\[.+|exporting.+|naming.+|writing.+|unpackin
 # what a step line shows: its instruction without mount flags and the CA-trust preamble
 _NOISE = re.compile(r"--mount=\S+\s*|\. /tmp/verlbox/build-env\.sh\s*(&&\s*)?(verlbox_apt_trust_ca\s*(&&\s*)?)?")
 _STEP_END = re.compile(r"^#(\d+) (DONE [0-9.]+s|CACHED|ERROR.*|CANCELED)$")
+_STEP_ERROR = re.compile(r"^#(\d+) ERROR: ")
+
+
+def failure_excerpt(log: str, lines: int = 15) -> str:
+    """What the failed step itself printed last (an installer's message naming the package), without
+    BuildKit's echo of the whole instruction; the log's last lines when no step failed."""
+    failed = [match.group(1) for line in log.splitlines() if (match := _STEP_ERROR.match(line))]
+    if not failed:
+        return "".join(log.splitlines(keepends=True)[-lines:])
+    prefix = f"#{failed[-1]} "
+    own = [line for line in log.splitlines(keepends=True) if line.startswith(prefix) and not _STEP_ERROR.match(line)]
+    return "".join(own[-lines:])
 
 
 @dataclass
@@ -132,10 +144,9 @@ def run_buildx(
                 reporter.feed(line.rstrip("\n"))
             returncode = process.wait()
     if returncode != 0:
-        tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
         raise BuildError(
             f"the build of {plan.recipe.name} failed (exit {returncode}); previous images and "
-            f"tags are untouched. Full log: {log_path}\n{tail}"
+            f"tags are untouched. Full log: {log_path}\n{failure_excerpt(log_path.read_text())}"
         )
     log_path.unlink()
     return list(reporter.steps.values())
