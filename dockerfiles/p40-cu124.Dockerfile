@@ -53,10 +53,12 @@ RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \
     && cp -r /opt/verlbox/build-record /wheels/build-record
 
 FROM system AS final
-# verl 0.4.1's dependencies, each pinned, then verl itself with --no-deps: two steps, one RUN
-# (each RUN that mounts the build's secrets over freshly written layers waits for the engine, ~9 s here)
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/lock/verl-deps.pip.txt,target=/tmp/verlbox/lock/verl-deps.pip.txt --mount=type=bind,source=verlbox-build/lock/verl-deps.pip.json,target=/tmp/verlbox/lock/verl-deps.pip.json --mount=type=bind,source=verlbox-build/lock/verl.pip.txt,target=/tmp/verlbox/lock/verl.pip.txt --mount=type=bind,source=verlbox-build/lock/verl.pip.json,target=/tmp/verlbox/lock/verl.pip.json --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    . /tmp/verlbox/build-env.sh && verlbox_pip verl-deps \
+# verl 0.4.1 itself with --no-deps, then its dependencies, each pinned: two steps, one RUN (each
+# RUN that mounts the build's secrets over freshly written layers waits for the engine, ~9 s here);
+# verl first, so that a changed verl file fails the build before 100 other wheels are installed
+RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/lock/verl.pip.txt,target=/tmp/verlbox/lock/verl.pip.txt --mount=type=bind,source=verlbox-build/lock/verl.pip.json,target=/tmp/verlbox/lock/verl.pip.json --mount=type=bind,source=verlbox-build/lock/verl-deps.pip.txt,target=/tmp/verlbox/lock/verl-deps.pip.txt --mount=type=bind,source=verlbox-build/lock/verl-deps.pip.json,target=/tmp/verlbox/lock/verl-deps.pip.json --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    . /tmp/verlbox/build-env.sh && verlbox_pip verl --no-deps verl==0.4.1 \
+    && verlbox_pip verl-deps \
        accelerate==1.7.0 \
        codetiming==1.4.0 \
        datasets==3.6.0 \
@@ -74,8 +76,7 @@ RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/buil
        torchdata==0.11.0 \
        transformers==4.51.3 \
        wandb==0.20.1 \
-       torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0 \
-    && verlbox_pip verl --no-deps verl==0.4.1
+       torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
 # the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
 RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
     pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \
@@ -103,7 +104,7 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       io.verlbox.base="debian:bookworm-slim" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="059ba77f125bf0e147e0719f9b4af46f026155261250516628fbac7eddd59640" \
-      io.verlbox.lock.hash="44bd1d6d5d2fbe8d2cbedad5edbc9e127c06b2954966781bb35318a48333d496" \
+      io.verlbox.lock.hash="5a25eef50ec49d278b7db6495cdee98bbb1c4c6dfa4df820e876d5ec5e839f7f" \
       io.verlbox.pin.cuda="12.4" \
       io.verlbox.pin.python="3.11" \
       io.verlbox.pin.torch="2.6.0" \

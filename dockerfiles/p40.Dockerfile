@@ -47,10 +47,12 @@ FROM system AS final
 # vLLM 0.8.5.post1; kernels for sm 7.0 7.5 8.0 8.6 8.9 9.0
 RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     . /tmp/verlbox/build-env.sh && export PIP_EXTRA_INDEX_URL="$VERLBOX_TORCH_INDEX_URL" && verlbox_pip vllm https://github.com/vllm-project/vllm/releases/download/v0.8.5.post1/vllm-0.8.5.post1+cu118-cp38-abi3-manylinux1_x86_64.whl torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
-# verl 0.4.1's dependencies, each pinned, then verl itself with --no-deps: two steps, one RUN
-# (each RUN that mounts the build's secrets over freshly written layers waits for the engine, ~9 s here)
+# verl 0.4.1 itself with --no-deps, then its dependencies, each pinned: two steps, one RUN (each
+# RUN that mounts the build's secrets over freshly written layers waits for the engine, ~9 s here);
+# verl first, so that a changed verl file fails the build before 100 other wheels are installed
 RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    . /tmp/verlbox/build-env.sh && export PIP_EXTRA_INDEX_URL="$VERLBOX_TORCH_INDEX_URL" && verlbox_pip verl-deps \
+    . /tmp/verlbox/build-env.sh && verlbox_pip verl --no-deps verl==0.4.1 \
+    && export PIP_EXTRA_INDEX_URL="$VERLBOX_TORCH_INDEX_URL" && verlbox_pip verl-deps \
        accelerate==1.7.0 \
        codetiming==1.4.0 \
        datasets==3.6.0 \
@@ -68,8 +70,7 @@ RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/buil
        torchdata==0.11.0 \
        transformers==4.51.3 \
        wandb==0.20.1 \
-       torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118 \
-    && verlbox_pip verl --no-deps verl==0.4.1
+       torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
 # the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
 RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
     pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \

@@ -37,7 +37,7 @@ def instructions(dockerfile: str) -> list[str]:
 def test_every_step_of_an_offline_build_runs_without_a_network_and_reads_only_the_bundle() -> None:
     dockerfile = render_dockerfile(offline_plan())
     runs = [line for line in instructions(dockerfile) if line.startswith("RUN")]
-    assert len(runs) == 7  # apt, pip and uv for Python, torch, verl-deps with verl, Apex wheel, runtime, verlbox
+    assert len(runs) == 7  # apt, pip and uv for Python, torch, verl with its deps, Apex wheel, runtime, verlbox
     assert all(line.startswith("RUN --network=none ") for line in runs)
     for absent in ("type=secret", "type=cache", "apt-get update", "apt-get download", "apex_build.py"):
         assert absent not in dockerfile, absent

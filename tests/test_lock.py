@@ -125,8 +125,8 @@ def test_a_locked_plan_mounts_each_steps_slice_only_there(tmp_path: Path) -> Non
         ("torch", "final"),
         ("apex-compiler", "builder"),
         ("apex-build-tools", "builder"),
-        ("verl-deps", "final"),
         ("verl", "final"),
+        ("verl-deps", "final"),
         ("runtime", "final"),
     ]
     from verlbox.host.render import render_dockerfile

@@ -24,13 +24,14 @@ class Verl(Component):
     template = """
 {% import "_macros.j2" as m %}
 {% macro final(c, plan) -%}
-# verl {{ c.version | q }}'s dependencies, each pinned, then verl itself with --no-deps: two steps, one RUN
-# (each RUN that mounts the build's secrets over freshly written layers waits for the engine, ~9 s here)
-{{ m.run(plan, ["verl-deps", "verl"], "pip") }} {{ plan.torch_extra_index }}verlbox_pip verl-deps \\
+# verl {{ c.version | q }} itself with --no-deps, then its dependencies, each pinned: two steps, one RUN (each
+# RUN that mounts the build's secrets over freshly written layers waits for the engine, ~9 s here);
+# verl first, so that a changed verl file fails the build before 100 other wheels are installed
+{{ m.run(plan, ["verl", "verl-deps"], "pip") }} verlbox_pip verl --no-deps {{ ("verl==" ~ c.version) | q }} \\
+    && {{ plan.torch_extra_index }}verlbox_pip verl-deps \\
 {% for requirement in c.requirements() %}
        {{ requirement | q }} \\
 {% endfor %}
-       {{ plan.recipe.torch.requirements() | words }} \\
-    && verlbox_pip verl --no-deps {{ ("verl==" ~ c.version) | q }}
+       {{ plan.recipe.torch.requirements() | words }}
 {%- endmacro %}
 """
