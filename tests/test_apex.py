@@ -66,11 +66,11 @@ def test_the_apex_stage_depends_on_nothing_outside_the_apex_component(tmp_path: 
         return text[text.index("FROM system AS apex-build") : text.index("FROM system AS final")]
 
     assert apex_stage(load_recipe(base)) == apex_stage(load_recipe(changed))
-    assert load_recipe(changed).apex.build_plan_json("6.1") == load_recipe(base).apex.build_plan_json("6.1")
+    assert load_recipe(changed).apex.build_plan_json(["6.1"]) == load_recipe(base).apex.build_plan_json(["6.1"])
 
 
 def test_the_plan_carries_the_archive_hash_targets_and_declared_patches() -> None:
-    plan = load_recipe("p40-cu124").apex.build_plan("6.1")
+    plan = load_recipe("p40-cu124").apex.build_plan(["6.1"])
     assert plan["commit"] == COMMIT and plan["arch_list"] == "6.1" and plan["max_jobs"] is None
     patches = ["drop-compute-70-for-cuda-13", "skip-fused-weight-gradient-mlp"]
     assert [patch["id"] for patch in plan["build_patches"]] == patches
@@ -82,7 +82,7 @@ SKIPPED_FOR = [("6.1", True), ("6.0;6.1", True), ("5.2", True), ("6.1;8.0", Fals
 
 @pytest.mark.parametrize(("arch_list", "skipped"), SKIPPED_FOR)
 def test_an_extension_is_skipped_only_when_it_would_run_on_no_target(arch_list: str, skipped: bool) -> None:
-    plan = load_recipe("p40-cu124").apex.build_plan(arch_list)
+    plan = load_recipe("p40-cu124").apex.build_plan(arch_list.split(";"))
     planned = {patch["id"] for patch in plan["build_patches"]}
     assert ("skip-fused-weight-gradient-mlp" in planned) is skipped
     facts = apex_facts(COMMIT)
@@ -159,3 +159,10 @@ def test_the_context_carries_the_archive_plan_and_build_script_only(tmp_path: Pa
     write_context(BuildPlan(pinned), context, BuildSources(archives=sources_dir))
     assert sorted(p.name for p in (context / "apex").iterdir()) == sorted(["apex_build.py", archive.name, "plan.json"])
     assert json.loads((context / "apex" / "plan.json").read_text())["commit"] == COMMIT
+
+
+def test_a_skip_patch_must_name_an_extension_with_fixed_architectures() -> None:
+    facts = apex_facts(COMMIT).model_dump()
+    facts["build_patches"][-1]["skips_extension"] = "fused_weight_gradient_mlp_cuda_typo"
+    with pytest.raises(ValueError, match="skips fused_weight_gradient_mlp_cuda_typo, not in fixed_architectures"):
+        type(apex_facts(COMMIT)).model_validate(facts)

@@ -164,25 +164,6 @@ def test_an_altered_hash_in_the_lock_fails_the_build_at_once_naming_the_package(
     assert docker("image", "inspect", "--format", "{{.Id}}", image).stdout.strip() == before
 
 
-def test_a_failed_build_shows_what_the_failed_step_printed_not_the_echoed_instruction() -> None:
-    from verlbox.host.build import failure_excerpt
-
-    log = "\n".join(
-        ["#13 [final 1/6] RUN verlbox_pip verl-deps a==1 \\", "#13 0.2 + a==1"]
-        + [f"#14 1.{n} line {n}" for n in range(30)]
-        + ["#13 9.1 Hash mismatch for `verl==0.4.1`", '#13 ERROR: process "/bin/bash -c verlbox_pip ..." failed']
-        + [f"  {n} | >>> a==1 \\" for n in range(40)]
-        + ['ERROR: failed to solve: process "/bin/bash -c verlbox_pip ..." did not complete successfully']
-    )
-    own = [
-        "#13 [final 1/6] RUN verlbox_pip verl-deps a==1 \\",
-        "#13 0.2 + a==1",
-        "#13 9.1 Hash mismatch for `verl==0.4.1`",
-    ]
-    assert failure_excerpt(log) == "".join(line + "\n" for line in own)
-    assert failure_excerpt("no step failed\nlast line\n", lines=1) == "last line\n"
-
-
 def test_verify_names_a_package_that_differs_from_the_lock(image: str, tmp_path: Path) -> None:
     tampered = derived_image(
         tmp_path, "verlbox-test/tampered-verify:ci", f"FROM {image}\nRUN pip uninstall -y codetiming\n"

@@ -172,3 +172,15 @@ def test_a_write_that_fails_midway_leaves_every_file_as_it_was(
         apply(verl_tree)
     assert len(calls) == 3 and digest(verl_tree) == before
     assert not list(verl_tree.rglob(".*.verlbox-patch"))
+
+
+def test_a_patched_text_that_would_not_compile_changes_no_file(tmp_path: Path) -> None:
+    from verlbox.runtime.patches import _replace_all
+
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text("x = 1\n")
+    bad.write_text("y = 2\n")
+    with pytest.raises(PatchError, match=r"bad\.py would not compile after patching \(line 1: .*nothing was changed"):
+        _replace_all({good: "x = 3\n", bad: "def broken(:\n"})
+    assert good.read_text() == "x = 1\n" and bad.read_text() == "y = 2\n"
+    assert sorted(path.name for path in tmp_path.rglob("*")) == ["bad.py", "good.py"]

@@ -28,17 +28,25 @@ _STEP_START = re.compile(r"^#(\d+) (\[.+|exporting.+|naming.+|writing.+|unpackin
 _NOISE = re.compile(r"--mount=\S+\s*|\. /tmp/verlbox/build-env\.sh\s*(&&\s*)?(verlbox_apt_trust_ca\s*(&&\s*)?)?")
 _STEP_END = re.compile(r"^#(\d+) (DONE [0-9.]+s|CACHED|ERROR.*|CANCELED)$")
 _STEP_ERROR = re.compile(r"^#(\d+) ERROR: ")
+_ECHOED_COMMAND = re.compile(r'process ".*" did not complete successfully')
 
 
 def failure_excerpt(log: str, lines: int = 15) -> str:
-    """What the failed step itself printed last (an installer's message naming the package), without
-    BuildKit's echo of the whole instruction; the log's last lines when no step failed."""
+    """What the failed step itself printed last (an installer's message naming the package) and its
+    ERROR line, with BuildKit's echo of the whole instruction cut out; the log's last lines when no
+    step failed."""
     failed = [match.group(1) for line in log.splitlines() if (match := _STEP_ERROR.match(line))]
     if not failed:
         return "".join(log.splitlines(keepends=True)[-lines:])
     prefix = f"#{failed[-1]} "
-    own = [line for line in log.splitlines(keepends=True) if line.startswith(prefix) and not _STEP_ERROR.match(line)]
-    return "".join(own[-lines:])
+    own = [line for line in log.splitlines(keepends=True) if line.startswith(prefix)]
+    printed = [line for line in own if not _STEP_ERROR.match(line)][-(lines - 1) :]
+    errors = [
+        _ECHOED_COMMAND.sub("its command did not complete successfully", line)
+        for line in own
+        if _STEP_ERROR.match(line)
+    ]
+    return "".join(printed + errors[-1:])
 
 
 @dataclass

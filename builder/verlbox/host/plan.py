@@ -58,10 +58,6 @@ class BuildPlan:
     def base_image(self) -> str:
         return self.base_override or self.recipe.base.pinned_reference
 
-    @property
-    def cuda_arch_list(self) -> str:
-        return ";".join(self.recipe.target_gpus)
-
     @cached_property
     def blocks(self) -> list[Block]:
         return [Block(component, self) for component in self.recipe.components()]

@@ -7,7 +7,7 @@ from functools import cache
 from importlib import resources
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from verlbox.errors import UsageError
 from verlbox.runtime.gpu import has_code_for
@@ -44,7 +44,15 @@ class ApexFacts(BaseModel):
     fixed_architectures: dict[str, FixedArchitectures]
     build_patches: list[BuildPatch]
 
-    def useless_for(self, targets: list[str]) -> set[str]:
+    @model_validator(mode="after")
+    def _skipped_extensions_have_fixed_architectures(self) -> ApexFacts:
+        # the skip is planned from those architectures: a patch naming another extension would never apply
+        for patch in self.build_patches:
+            if patch.skips_extension is not None and patch.skips_extension not in self.fixed_architectures:
+                raise ValueError(f"build patch {patch.id} skips {patch.skips_extension}, not in fixed_architectures")
+        return self
+
+    def unrunnable_on(self, targets: list[str]) -> set[str]:
         """Extensions whose fixed architectures run on none of the target GPUs."""
         return {
             name
@@ -53,8 +61,8 @@ class ApexFacts(BaseModel):
         }
 
     def patches_for(self, targets: list[str]) -> list[BuildPatch]:
-        useless = self.useless_for(targets)
-        return [patch for patch in self.build_patches if patch.skips_extension in (None, *useless)]
+        unrunnable = self.unrunnable_on(targets)
+        return [patch for patch in self.build_patches if patch.skips_extension in (None, *unrunnable)]
 
     def built_extensions(self, applied_patches: list[str]) -> list[str]:
         """The extension modules a build with these patches applied makes."""

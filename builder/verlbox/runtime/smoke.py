@@ -157,7 +157,9 @@ def apex_source_commit() -> str:
     record = apex_source_record()
     if record is None:
         return "absent"
-    return str(record.get("commit", "installed without a source record"))
+    if not record:
+        return "installed without a source record"
+    return str(record.get("commit", "unknown"))
 
 
 def _apex_facts(ctx: SmokeContext) -> ApexFacts:

@@ -51,20 +51,20 @@ class Apex(Component):
     def archive_name(self) -> str:
         return f"apex-{self.commit}.tar.gz"
 
-    def build_plan(self, arch_list: str) -> dict:
+    def build_plan(self, targets: list[str]) -> dict:
         """What apex_build.py reads: the same plan builds the same Apex in an image or on a GPU machine."""
         facts = apex_facts(self.commit)
         return {
             "commit": self.commit,
             "archive_sha256": self.archive_sha256,
-            "arch_list": arch_list,
+            "arch_list": ";".join(targets),
             "build_style": self.build_style,
             "max_jobs": self.max_jobs,
-            "build_patches": [patch.model_dump() for patch in facts.patches_for(arch_list.split(";"))],
+            "build_patches": [patch.model_dump() for patch in facts.patches_for(targets)],
         }
 
-    def build_plan_json(self, arch_list: str) -> str:
-        return json.dumps(self.build_plan(arch_list), indent=2, sort_keys=True) + "\n"
+    def build_plan_json(self, targets: list[str]) -> str:
+        return json.dumps(self.build_plan(targets), indent=2, sort_keys=True) + "\n"
 
     template = """
 {% import "_macros.j2" as m %}

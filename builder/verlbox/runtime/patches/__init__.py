@@ -152,6 +152,14 @@ def _read(site_dir: Path, file: str) -> str:
 def _replace_all(new_texts: dict[Path, str]) -> None:
     """Write every file or none: all new texts are staged beside their files first, then swapped in;
     if a swap fails, the files already swapped get their old text back."""
+    for path, text in new_texts.items():
+        # checked before anything is written: a patch that breaks the syntax changes no file
+        try:
+            compile(text, str(path), "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            raise PatchError(
+                f"{path} would not compile after patching (line {exc.lineno}: {exc.msg}); nothing was changed"
+            ) from None
     originals = {path: path.read_text() for path in new_texts}
     staged: dict[Path, Path] = {}
     try:
@@ -178,5 +186,5 @@ def _replace_all(new_texts: dict[Path, str]) -> None:
             cached.unlink()
         try:
             py_compile.compile(str(path), doraise=True)
-        except py_compile.PyCompileError as exc:
-            raise PatchError(f"{path} does not compile after patching: {exc.msg}") from None
+        except (py_compile.PyCompileError, OSError) as exc:
+            raise PatchError(f"{path} is patched, but its bytecode could not be written: {exc}") from None
