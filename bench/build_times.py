@@ -38,10 +38,13 @@ def render_ms(recipe: str, repeats: int = 50) -> float:
     return (time.perf_counter() - started) * 1000 / repeats
 
 
-def build(plan: BuildPlan, tag: str, console: Console) -> BuildResult:
+def bench_sources() -> BuildSources:
     # archives from $VERLBOX_SOURCES (or the default folder), as `verlbox build` finds them
-    sources = BuildSources.from_options(str(CA_BUNDLE) if CA_BUNDLE.is_file() else None, None, None)
-    return build_image(plan, [tag], sources=sources, console=console)
+    return BuildSources.from_options(str(CA_BUNDLE) if CA_BUNDLE.is_file() else None, None, None)
+
+
+def build(plan: BuildPlan, tag: str, console: Console) -> BuildResult:
+    return build_image(plan, [tag], sources=bench_sources(), console=console)
 
 
 def report(label: str, result: BuildResult, shown: int = 6) -> None:
@@ -52,9 +55,8 @@ def report(label: str, result: BuildResult, shown: int = 6) -> None:
 
 
 def timed_buildx(plan: BuildPlan, arguments: list[str], console: Console) -> BuildResult:
-    sources = BuildSources.from_options(str(CA_BUNDLE) if CA_BUNDLE.is_file() else None, None, None)
     started = time.monotonic()
-    steps = run_buildx(plan, arguments, sources=sources, progress="auto", console=console, what="building")
+    steps = run_buildx(plan, arguments, sources=bench_sources(), progress="auto", console=console, what="building")
     return BuildResult("", [], time.monotonic() - started, steps)
 
 

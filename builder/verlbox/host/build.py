@@ -35,18 +35,14 @@ def failure_excerpt(log: str, lines: int = 15) -> str:
     """What the failed step itself printed last (an installer's message naming the package) and its
     ERROR line, with BuildKit's echo of the whole instruction cut out; the log's last lines when no
     step failed."""
-    failed = [match.group(1) for line in log.splitlines() if (match := _STEP_ERROR.match(line))]
-    if not failed:
-        return "".join(log.splitlines(keepends=True)[-lines:])
-    prefix = f"#{failed[-1]} "
-    own = [line for line in log.splitlines(keepends=True) if line.startswith(prefix)]
-    printed = [line for line in own if not _STEP_ERROR.match(line)][-(lines - 1) :]
-    errors = [
-        _ECHOED_COMMAND.sub("its command did not complete successfully", line)
-        for line in own
-        if _STEP_ERROR.match(line)
-    ]
-    return "".join(printed + errors[-1:])
+    every_line = log.splitlines(keepends=True)
+    errors = [line for line in every_line if _STEP_ERROR.match(line)]
+    if not errors:
+        return "".join(every_line[-lines:])
+    error = errors[-1]
+    prefix = error.split(" ", 1)[0] + " "
+    printed = [line for line in every_line if line.startswith(prefix) and not _STEP_ERROR.match(line)][-(lines - 1) :]
+    return "".join(printed) + _ECHOED_COMMAND.sub("its command did not complete successfully", error)
 
 
 @dataclass

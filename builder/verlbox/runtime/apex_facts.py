@@ -64,16 +64,17 @@ class ApexFacts(BaseModel):
         unrunnable = self.unrunnable_on(targets)
         return [patch for patch in self.build_patches if patch.skips_extension in (None, *unrunnable)]
 
-    def built_extensions(self, applied_patches: list[str]) -> list[str]:
-        """The extension modules a build with these patches applied makes."""
+    def skipped_extensions(self, applied_patches: list[str]) -> list[str]:
+        """The extension modules a build with these patches applied does not make."""
         skipped = {patch.skips_extension for patch in self.build_patches if patch.id in applied_patches}
+        return [name for name in self.extensions if name in skipped]
+
+    def built_extensions(self, applied_patches: list[str]) -> list[str]:
+        skipped = self.skipped_extensions(applied_patches)
         return [name for name in self.extensions if name not in skipped]
 
     def built_cuda_extensions(self, applied_patches: list[str]) -> list[str]:
         return [name for name in self.built_extensions(applied_patches) if name not in self.cpu_only]
-
-    def skipped_extensions(self, applied_patches: list[str]) -> list[str]:
-        return [name for name in self.extensions if name not in self.built_extensions(applied_patches)]
 
 
 @cache
