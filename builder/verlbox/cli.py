@@ -1,7 +1,8 @@
 """The `verlbox` command: parses arguments and hands each command to its side.
 
-Host commands (recipes, render, build, lock, bundle, verify, smoke, shell, overrides) live in verlbox.host.commands;
-image commands (train, smoke-checks, prepare-data, patch-verl) in verlbox.runtime.commands. Each is
+Host commands (recipes, render, build, lock, bundle, verify, smoke, overrides) live in verlbox.host.commands,
+doctor, init and shell in their own host modules; image commands (train, smoke-checks, prepare-data, fetch,
+patch-verl) in verlbox.runtime.commands (fetch also runs on the host). Each is
 imported only when it runs, so the image never loads the host side. Every failure is one line and an
 exit code (errors.py); VERLBOX_DEBUG=1 adds the traceback.
 """
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
+from verlbox import __version__
 from verlbox.errors import BAD_INPUT, VerlboxError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -42,7 +44,17 @@ HANDLERS = {
         "compare a built image with its recipe's lock; name every difference",
     ),
     "smoke": ("verlbox.host.commands", "smoke", "run the image's smoke checks in a container and print the table"),
-    "shell": ("verlbox.host.commands", "shell", "a shell (or one command) in the image, set up as `train` is"),
+    "shell": ("verlbox.host.shell", "shell", "a shell (or one command) in the image, set up as `train` is"),
+    "doctor": (
+        "verlbox.host.doctor",
+        "doctor",
+        "check this host (Docker, buildx, compose, NVIDIA runtime, GPUs, disk) and say which recipe fits",
+    ),
+    "init": (
+        "verlbox.host.runfolder",
+        "init",
+        "write a run folder (compose.yaml, .env, folders) for `docker compose up train`",
+    ),
     "overrides": ("verlbox.host.commands", "overrides", "print the Hydra overrides a recipe's profile passes to verl"),
     "train": ("verlbox.runtime.commands", "train", "(in the image) preflight, then verl PPO with the profile"),
     "smoke-checks": (
@@ -54,6 +66,11 @@ HANDLERS = {
         "verlbox.runtime.commands",
         "prepare_data",
         "turn a local GSM8K download into verl's parquet rows",
+    ),
+    "fetch": (
+        "verlbox.runtime.commands",
+        "fetch",
+        "download the model or GSM8K from the Hugging Face hub into a folder, recording its revision and hashes",
     ),
     "patch-verl": ("verlbox.runtime.commands", "patch_verl", "apply verlbox's patch set to a verl tree"),
 }
@@ -83,6 +100,7 @@ def _add_build_sources(sub: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="verlbox", description="Reproducible verl images for old GPUs.")
+    parser.add_argument("--version", action="version", version=f"verlbox {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     sub = {name: commands.add_parser(name, help=text, description=text) for name, (_, _, text) in HANDLERS.items()}
 
@@ -154,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     shell = sub["shell"]
     shell.add_argument("recipe", nargs="?", help=f"{RECIPE_HELP} (default: VERLBOX_IMAGE from .env)")
     shell.add_argument("--image", help="run this image (default: the recipe's verlbox/NAME:VERSION, else .env)")
+    shell.add_argument(
+        "--no-gpu", action="store_true", help="start without a GPU (no NVIDIA runtime needed): inspect, smoke on CPU"
+    )
     shell.set_defaults(one_command=[])
     shell.epilog = "verlbox shell [RECIPE] -- CMD ARGS...  runs one command instead of bash"
 
@@ -175,6 +196,20 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--source", required=True, help="hub layout, datasets.save_to_disk folder, or JSONL folder")
     prepare.add_argument("--out", required=True)
     prepare.add_argument("--validation-size", type=int, default=256, help="test rows kept for validation")
+
+    init = sub["init"]
+    init.add_argument("directory", nargs="?", default=".", help="the run folder (default: the current one)")
+    init.add_argument("--image", help="the image to train with (default: the newest verlbox image on this engine)")
+    init.add_argument("--force", action="store_true", help="overwrite files you changed (compose.yaml, .env)")
+
+    fetch = sub["fetch"]
+    fetch.add_argument("what", choices=["model", "data"], help="model: Qwen/Qwen2.5-0.5B-Instruct; data: openai/gsm8k")
+    fetch.add_argument("--out", required=True, help="the folder to fill (a run folder's models/NAME or data/gsm8k-raw)")
+    fetch.add_argument("--repo", help="another hub repository (default: the profile's model, or openai/gsm8k)")
+    fetch.add_argument(
+        "--revision",
+        help="a branch, tag or commit (default: $VERLBOX_MODEL_REVISION / $VERLBOX_DATA_REVISION, else main)",
+    )
 
     sub["patch-verl"].add_argument("directory", help="the folder that holds the verl/ package (e.g. site-packages)")
     return parser

@@ -1,10 +1,9 @@
-"""The host side's commands (dispatched by verlbox.cli): recipes, render, build, lock, smoke, shell, overrides."""
+"""The host side's commands (dispatched by verlbox.cli): recipes, render, build, lock, bundle, verify, smoke."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from dataclasses import asdict
@@ -186,7 +185,7 @@ def bundle(args: argparse.Namespace) -> int:
     return 0
 
 
-def _image(args: argparse.Namespace) -> str:
+def image_for(args: argparse.Namespace) -> str:
     """--image, else the tag `verlbox build` gives the recipe's image."""
     from verlbox.host.build import default_tag
 
@@ -200,7 +199,7 @@ def lock(args: argparse.Namespace) -> int:
     if recipe.lock_path is None:
         raise UsageError(f"recipe {recipe.name} was not read from a file, so it has no place for a lock")
     dockerfile = render_dockerfile(BuildPlan(recipe))
-    lock = lock_from_image(recipe.name, recipe.content_hash, dockerfile, _image(args))
+    lock = lock_from_image(recipe.name, recipe.content_hash, dockerfile, image_for(args))
     write_lock(recipe.lock_path, lock)
     counts = {kind: len(lock.packages(kind)) for kind in ("pip", "apt")}
     err.print(f"wrote {recipe.lock_path} ({counts['pip']} Python files, {counts['apt']} Debian packages, hashed)")
@@ -231,7 +230,7 @@ def smoke(args: argparse.Namespace) -> int:
     from verlbox.runtime.commands import print_results
     from verlbox.runtime.smoke import CheckResult
 
-    image = _image(args)
+    image = image_for(args)
     command = [require_cli(), "run", "--rm", "--shm-size", "2g"]
     command += ["--gpus", "all"] if args.gpu else []
     command += [image, "smoke-checks", "--json", "-"] + (["--gpu"] if args.gpu else [])
@@ -282,48 +281,3 @@ def overrides(args: argparse.Namespace) -> int:
         lines = verified_overrides(plan, args.extra)
     out.print("\n".join(lines), markup=False)
     return 0
-
-
-def _dotenv_keys(path: Path) -> set[str]:
-    if not path.is_file():
-        return set()
-    lines = (line.strip() for line in path.read_text(errors="replace").splitlines())
-    return {line.split("=", 1)[0].strip() for line in lines if "=" in line and not line.startswith("#")}
-
-
-def shell_command(args: argparse.Namespace, workdir: Path, environ: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """`docker compose run` on the train service, in the user's folder, honouring its .env.
-
-    compose.yaml's `train` service is the one definition of GPU, mounts, user and environment. The
-    compose file in the current folder wins over the shipped one; relative mounts and .env are the
-    current folder's. A variable the shell or .env already sets is left alone.
-    """
-    from verlbox.host.engine import require_cli
-
-    compose_file = workdir / "compose.yaml"
-    if not compose_file.is_file():
-        compose_file = paths.compose_file()
-    command = [require_cli(), "compose", "-f", str(compose_file), "--project-directory", str(workdir), "run", "--rm"]
-    command += (
-        ["--entrypoint", args.one_command[0], "train", *args.one_command[1:]]
-        if args.one_command
-        else [
-            "--entrypoint",
-            "bash",
-            "train",
-        ]
-    )
-    already = set(environ) | _dotenv_keys(workdir / ".env")
-    environment: dict[str, str] = {}
-    if args.recipe or args.image:
-        environment["VERLBOX_IMAGE"] = _image(args)
-    for variable, value in (("VERLBOX_UID", os.getuid()), ("VERLBOX_GID", os.getgid())):
-        if variable not in already:
-            environment[variable] = str(value)
-    return command, environment
-
-
-def shell(args: argparse.Namespace) -> int:
-    command, environment = shell_command(args, Path.cwd(), dict(os.environ))
-    os.execvpe(command[0], command, os.environ | environment)
-    return 0  # not reached: exec replaces this process
