@@ -17,9 +17,9 @@ def main(arch: str, sources: str) -> None:
     apex = load_recipe("p40-cu124").apex
     target = Path(".device/apex")
     target.mkdir(parents=True, exist_ok=True)
-    (target / "plan.json").write_text(apex.build_plan_json([arch]))
-    archive = BuildSources(archives=Path(sources)).archive(apex.archive_name, apex.archive_sha256)
-    shutil.copyfile(archive, target / apex.archive_name)
+    archive = BuildSources(archives=Path(sources)).archive(apex.archive_pin())
+    (target / "plan.json").write_text(apex.build_plan_json([arch], archive.sha256))
+    shutil.copyfile(archive.path, target / apex.archive_name)
     print(f"wrote {target}/plan.json (arch {arch}) and {apex.archive_name}")
 
 

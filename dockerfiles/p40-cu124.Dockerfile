@@ -100,11 +100,11 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       org.opencontainers.image.description="P40 with a driver >= 550, PyPI and Debian only (torch cu124 wheels carry sm_60 code), Apex built from source" \
       io.verlbox.version="0.1.0" \
       io.verlbox.recipe="p40-cu124" \
-      io.verlbox.recipe.hash="45a6221663fec2e53f625dab06f6a6cdc824b63250d86a374536b3694692d2ef" \
+      io.verlbox.recipe.hash="99919f7cc6163982ae2a6608b6073d682b649e81f9ef7aad49570de8ebb709ae" \
       io.verlbox.base="debian:bookworm-slim" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="059ba77f125bf0e147e0719f9b4af46f026155261250516628fbac7eddd59640" \
-      io.verlbox.lock.hash="5a25eef50ec49d278b7db6495cdee98bbb1c4c6dfa4df820e876d5ec5e839f7f" \
+      io.verlbox.lock.hash="eda48dc5bb28833c28ea441cc2db04230046549b1428de75a1a540eca9f6fc9e" \
       io.verlbox.pin.cuda="12.4" \
       io.verlbox.pin.python="3.11" \
       io.verlbox.pin.torch="2.6.0" \

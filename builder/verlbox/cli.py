@@ -94,7 +94,8 @@ def _add_build_sources(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--pip-index-url", help="pip index for this build only (default: $VERLBOX_PIP_INDEX_URL)")
     sub.add_argument(
         "--torch-index-url",
-        help="URL of the wheel index a recipe's torch.index names (default: $VERLBOX_TORCH_INDEX_URL)",
+        help="URL of the wheel index a recipe's torch.index names (default: $VERLBOX_TORCH_INDEX_URL, else "
+        "the index's upstream, e.g. PyTorch's own cu118 index)",
     )
 
 
@@ -147,7 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("build", "bundle"):
         sub[name].add_argument(
             "--sources",
-            help="folder of pinned source archives (default: $VERLBOX_SOURCES, else ~/.cache/verlbox/sources)",
+            help="folder of pinned source archives, filled on first use (default: $VERLBOX_SOURCES, else "
+            "~/.cache/verlbox/sources)",
+        )
+        sub[name].add_argument(
+            "--sources-url",
+            help="a mirror serving source archives by name (URL/NAME) instead of their upstream (default: "
+            "$VERLBOX_SOURCES_URL, else GitHub's archive of the pinned commit)",
         )
         sub[name].add_argument("--progress", choices=["auto", "plain"], default="auto")
 

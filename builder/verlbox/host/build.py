@@ -174,7 +174,7 @@ def build_image(
     references = check_tags(tags)
     sources = sources or BuildSources()
     if not plan.offline:
-        sources.require_torch_index(plan.recipe.name, plan.torch_index)
+        sources = sources.with_torch_index(plan.recipe.name, plan.torch_index)
     engine = client()
     for tag in remove_dead_builds_tags(engine, plan.recipe.name):
         console.print(f"removed {tag}: the build that made it was killed", markup=False, highlight=False)

@@ -81,7 +81,7 @@ def make_bundle(
     base_id = _image_id(plan.base_image)
     if base_id is None:
         raise UsageError(f"base image {plan.base_image} is not on this engine: build the recipe first")
-    sources.require_torch_index(plan.recipe.name, plan.torch_index)
+    sources = sources.with_torch_index(plan.recipe.name, plan.torch_index)
     partial = out.parent / f".{out.name}.partial-{secrets.token_hex(4)}"
     partial.mkdir(parents=True)
     try:
@@ -97,8 +97,8 @@ def make_bundle(
             docker_output("image", "save", "--output", str(partial / BASE_ARCHIVE), plan.base_image)
         if plan.apex:
             (partial / "sources").mkdir()
-            archive = sources.archive(plan.apex.archive_name, plan.apex.archive_sha256)
-            shutil.copyfile(archive, partial / "sources" / archive.name)
+            archive = sources.archive(plan.apex.archive_pin(), console)
+            shutil.copyfile(archive.path, partial / "sources" / archive.path.name)
         with console.status("hashing the bundle"):
             files = _hashes(partial, sorted(p for p in partial.rglob("*") if p.is_file()))
         manifest = Manifest(

@@ -81,10 +81,10 @@ def write_context(plan: BuildPlan, directory: Path, sources: BuildSources | None
         # Apex's own folder: its cache key is the plan, the build script and the archive, nothing else
         apex = directory / "apex"
         apex.mkdir()
-        (apex / "plan.json").write_text(plan.apex.build_plan_json(plan.recipe.target_gpus))
+        archive = (sources or BuildSources()).archive(plan.apex.archive_pin())
+        (apex / "plan.json").write_text(plan.apex.build_plan_json(plan.recipe.target_gpus, archive.sha256))
         shutil.copy2(paths.PACKAGE_DIR / "runtime" / "apex_build.py", apex / "apex_build.py")
-        archive = (sources or BuildSources()).archive(plan.apex.archive_name, plan.apex.archive_sha256)
-        shutil.copyfile(archive, apex / plan.apex.archive_name)
+        shutil.copyfile(archive.path, apex / plan.apex.archive_name)
     source = directory / "verlbox-src"
     source.mkdir()
     (source / "pyproject.toml").write_text(_IMAGE_PYPROJECT.format(version=plan.verlbox_version))

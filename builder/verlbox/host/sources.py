@@ -1,8 +1,9 @@
-"""Where a build's packages come from: an extra CA bundle and package index URLs, for one build only.
+"""Where a build's packages come from: an extra CA bundle, package index URLs, pinned source archives.
 
-All of them reach the build as BuildKit secrets, read by build-env.sh inside each RUN: never a
-layer, a label, the image spec or `docker history`, so an index URL may carry a token. A recipe
-names a separate torch index (torch.index); its URL is always given here.
+The CA bundle and the URLs reach the build as BuildKit secrets, read by build-env.sh inside each RUN:
+never a layer, a label, the image spec or `docker history`, so an index URL may carry a token. A recipe
+names a separate torch index (torch.index); its URL comes from the option or the environment, else
+from verlbox's table of known indexes below (never from the recipe, never kept in the image).
 """
 
 from __future__ import annotations
@@ -10,13 +11,24 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from rich.console import Console
+
 from verlbox.errors import UsageError
-from verlbox.runtime.apex_build import file_sha256
+from verlbox.host.archives import AcceptedArchive, ArchivePin, check_archive, fetch_archive
 
 _INDEX_URL = re.compile(r"(https?|file)://\S+")
+
+# the wheel indexes a recipe's torch.index may name, at their upstream addresses; a mirror replaces
+# them with --torch-index-url. All of these builds still carry sm_60/sm_61 code.
+TORCH_INDEXES = {
+    "pytorch-cu118": "https://download.pytorch.org/whl/cu118",
+    "pytorch-cu121": "https://download.pytorch.org/whl/cu121",
+    "pytorch-cu124": "https://download.pytorch.org/whl/cu124",
+    "pytorch-cu126": "https://download.pytorch.org/whl/cu126",
+}
 
 
 def _index_url(value: str | None, option: str) -> str | None:
@@ -41,6 +53,8 @@ class BuildSources:
     apt_mirror: str | None = None
     # where source archives (Apex's) are looked up by name; each is checked against its pinned sha256
     archives: Path = field(default_factory=lambda: default_archive_dir(os.environ))
+    # a mirror that serves archives by name (URL/NAME); None: each archive's upstream
+    archives_url: str | None = None
 
     @classmethod
     def from_options(
@@ -51,6 +65,7 @@ class BuildSources:
         environ: Mapping[str, str] = os.environ,
         apt_mirror: str | None = None,
         archives: str | None = None,
+        archives_url: str | None = None,
     ) -> BuildSources:
         bundle = Path(ca_bundle) if ca_bundle else None
         if bundle is not None and not bundle.is_file():
@@ -61,27 +76,27 @@ class BuildSources:
             _index_url(torch_index_url or environ.get("VERLBOX_TORCH_INDEX_URL"), "--torch-index-url"),
             _index_url(apt_mirror or environ.get("VERLBOX_APT_MIRROR"), "--apt-mirror"),
             Path(archives) if archives else default_archive_dir(environ),
+            _index_url(archives_url or environ.get("VERLBOX_SOURCES_URL"), "--sources-url"),
         )
 
-    def require_torch_index(self, recipe_name: str, index: str | None) -> None:
-        if index and not self.torch_index_url:
+    def with_torch_index(self, recipe_name: str, index: str | None) -> BuildSources:
+        """These sources with the URL of the recipe's torch index filled in from the table when none was given."""
+        if not index or self.torch_index_url:
+            return self
+        if index not in TORCH_INDEXES:
             raise UsageError(
-                f"recipe {recipe_name} installs torch from the {index!r} wheel index: give its URL with "
-                "--torch-index-url or VERLBOX_TORCH_INDEX_URL (used for this build only, never kept in the image)"
+                f"recipe {recipe_name} installs torch from the {index!r} wheel index, which verlbox does not know "
+                f"(known: {', '.join(TORCH_INDEXES)}): give its URL with --torch-index-url or VERLBOX_TORCH_INDEX_URL"
             )
+        return replace(self, torch_index_url=TORCH_INDEXES[index])
 
-    def archive(self, name: str, sha256: str) -> Path:
-        """A pinned source archive, checked before any build starts."""
-        path = self.archives / name
-        if not path.is_file():
-            raise UsageError(
-                f"{path}: missing. The build needs this archive (sha256 {sha256}); put it in that folder or "
-                "point --sources / VERLBOX_SOURCES at one that has it (a bundle carries it too)"
-            )
-        found = file_sha256(path)
-        if found != sha256:
-            raise UsageError(f"{path}: sha256 {found}, but the recipe pins {sha256}: refusing other source bytes")
-        return path
+    def archive(self, pin: ArchivePin, console: Console | None = None) -> AcceptedArchive:
+        """A pinned source archive from the cache, fetched into it when missing; checked before any build starts."""
+        path = self.archives / pin.name
+        if path.is_file():
+            return check_archive(path, pin)
+        url = f"{self.archives_url.rstrip('/')}/{pin.name}" if self.archives_url else pin.upstream_url
+        return fetch_archive(pin, self.archives, url, console or Console(stderr=True, highlight=False))
 
     def secret_arguments(self) -> tuple[list[str], dict[str, str]]:
         """buildx --secret arguments and the environment variables they read from."""

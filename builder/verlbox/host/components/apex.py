@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from verlbox.host.archives import ArchivePin
 from verlbox.host.components.base import Component
 from verlbox.host.schema import DebianVersion, ExactVersion, GitCommit, HttpsUrl, PackageName, Sha256, Slug, Strict
 from verlbox.runtime.apex_facts import apex_facts
@@ -34,8 +35,11 @@ class Apex(Component):
     key = "apex"
     repo: HttpsUrl = "https://github.com/NVIDIA/apex"
     commit: GitCommit
-    # sha256 of `git archive` of the commit (.tar.gz): the build refuses any other bytes
+    # sha256 of `git archive` of the commit (.tar.gz), and of the tar stream inside it: gzip's bytes
+    # differ between tools, the tar `git archive` writes for a commit does not (GitHub's archive is
+    # accepted by it). The build refuses anything that matches neither.
     archive_sha256: Sha256
+    tar_sha256: Sha256 | None = None
     # Apex changed how CUDA extensions are requested at tag 25.09; a commit hash does not say which.
     build_style: Literal["config-settings", "env"] = "config-settings"
     # parallel nvcc jobs; null sizes them to the building machine's cores and memory
@@ -51,20 +55,34 @@ class Apex(Component):
     def archive_name(self) -> str:
         return f"apex-{self.commit}.tar.gz"
 
-    def build_plan(self, targets: list[str]) -> dict:
-        """What apex_build.py reads: the same plan builds the same Apex in an image or on a GPU machine."""
+    def archive_pin(self) -> ArchivePin:
+        return ArchivePin(
+            name=self.archive_name,
+            sha256=self.archive_sha256,
+            tar_sha256=self.tar_sha256,
+            upstream_url=f"{self.repo}/archive/{self.commit}.tar.gz",
+            how_to_make=f"`git archive --format=tar.gz --prefix=apex-{self.commit}/ -o {self.archive_name} "
+            f"{self.commit}` in a clone of {self.repo}",
+        )
+
+    def build_plan(self, targets: list[str], archive_sha256: str | None = None) -> dict:
+        """What apex_build.py reads: the same plan builds the same Apex in an image or on a GPU machine.
+
+        `archive_sha256` is the file the host accepted (by its own hash or its tar stream's): the
+        Apex stage checks those exact bytes again.
+        """
         facts = apex_facts(self.commit)
         return {
             "commit": self.commit,
-            "archive_sha256": self.archive_sha256,
+            "archive_sha256": archive_sha256 or self.archive_sha256,
             "arch_list": ";".join(targets),
             "build_style": self.build_style,
             "max_jobs": self.max_jobs,
             "build_patches": [patch.model_dump() for patch in facts.patches_for(targets)],
         }
 
-    def build_plan_json(self, targets: list[str]) -> str:
-        return json.dumps(self.build_plan(targets), indent=2, sort_keys=True) + "\n"
+    def build_plan_json(self, targets: list[str], archive_sha256: str | None = None) -> str:
+        return json.dumps(self.build_plan(targets, archive_sha256), indent=2, sort_keys=True) + "\n"
 
     template = """
 {% import "_macros.j2" as m %}
