@@ -231,7 +231,10 @@ def test_no_ca_material_in_layers_or_history(image: str) -> None:
 
 
 def test_cpu_smoke_tier_passes_and_gpu_tier_is_skipped_with_a_reason(image: str, tmp_path: Path) -> None:
-    code, results = smoke(image, tmp_path / "smoke.json")
+    # `--json -`: the JSON is stdout (nothing else there), the table goes to stderr, no file named "-"
+    result = run_verlbox("smoke", "p40-cu124", "--image", image, "--json", "-", cwd=tmp_path, timeout=900)
+    assert not (tmp_path / "-").exists() and "matches its lock" in result.stderr
+    code, results = result.returncode, {row["name"]: row for row in json.loads(result.stdout)}
     failed = {name: row["detail"] for name, row in results.items() if row["status"] == "failed"}
     assert code == 0 and failed == {}
     cpu = [row for row in results.values() if row["tier"] == "cpu"]
@@ -342,6 +345,17 @@ def test_train_without_a_gpu_stops_at_preflight_in_one_sentence(image: str) -> N
     assert result.returncode == 3
     assert "preflight GPU visible: training needs 1 GPU(s) but 0 are visible" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_overrides_inside_the_image_check_keys_without_the_docker_sdk(image: str) -> None:
+    applied = docker(
+        "run", "--rm", "--entrypoint", "verlbox", image, "overrides", "p40-cu124", "trainer.total_epochs=2"
+    )
+    assert "trainer.total_epochs=2" in applied.stdout and "trainer.total_epochs=1" not in applied.stdout
+    blog_key = "actor_rollout_ref.fsdp_config.param_offload=True"
+    refused = docker("run", "--rm", image, "overrides", blog_key, check=False)
+    assert refused.returncode == 2 and "actor_rollout_ref.actor.fsdp_config.param_offload" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
 
 
 def test_dry_run_prints_the_exact_command(image: str) -> None:

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from conftest import run_verlbox
+from conftest import REPO, run_verlbox
 from verlbox.host.recipe import load_recipe
+from verlbox.runtime import overrides
 from verlbox.runtime.overrides import OverrideError, check_overrides, override_value
 from verlbox.runtime.patches import patch_set_for
 from verlbox.runtime.profile import TrainingPlan
@@ -101,3 +108,111 @@ def test_overrides_cli_prints_exactly_the_profile_lines(verl_config_dir: Path, p
         env={"PYTHONPATH": f"{site}:{Path(__file__).parents[1] / 'builder'}"},
     )
     assert refused.returncode == 2 and "actor_rollout_ref.fsdp_config.cpu_offload" in refused.stderr
+
+
+ISSUE_COMMAND = ("overrides", "p40", "trainer.total_epochs=2", "actor_rollout_ref.fsdp_config.param_offload=True")
+REAL_KEY = "the real key: actor_rollout_ref.actor.fsdp_config.param_offload"
+
+
+def without(folder: Path, *modules: str, before: str = "") -> dict[str, str]:
+    """An environment where `modules` do not import: a None in sys.modules makes `import` fail and
+    find_spec answer None. BEFORE goes ahead of the current PYTHONPATH (an unpacked verl, say)."""
+    blocked = " = ".join(f"sys.modules[{module!r}]" for module in modules)
+    (folder / "sitecustomize.py").write_text(f"import sys\n\n{blocked} = None\n")
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(folder), before, os.environ.get("PYTHONPATH")]))}
+
+
+@pytest.fixture
+def host_without_verl(tmp_path: Path) -> dict[str, str]:
+    return without(tmp_path, "verl")
+
+
+def test_blocked_modules_really_do_not_import(tmp_path: Path) -> None:
+    probe = "import importlib.util as u; print(u.find_spec('verl')); import docker"
+    env = os.environ | without(tmp_path, "verl", "docker")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False)
+    assert result.stdout == "None\n" and "ModuleNotFoundError" in result.stderr
+
+
+def test_the_issues_command_is_refused_without_verl_naming_the_real_key(host_without_verl: dict[str, str]) -> None:
+    result = run_verlbox(*ISSUE_COMMAND, env=host_without_verl)
+    assert result.returncode == 2 and result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith("verlbox: error: actor_rollout_ref.fsdp_config.param_offload: ") and line.endswith(REAL_KEY)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("+trainer.not_a_key=1", "trainer.not_a_key: verl 0.4.1 does not declare it"),
+        ("++actor_rollout_ref.fsdp_config.cpu_offload=true", "the real key: actor_rollout_ref.actor.fsdp_config"),
+        ("actor_rollout_ref.rollout.dtype=bfloat16", "have no bf16"),
+    ],
+)
+def test_unknown_and_wrong_keys_are_refused_without_verl(
+    host_without_verl: dict[str, str], extra: str, message: str
+) -> None:
+    result = run_verlbox("overrides", "p40", extra, env=host_without_verl)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1 and message in result.stderr
+
+
+def test_user_overrides_are_applied_and_printed_without_verl(host_without_verl: dict[str, str]) -> None:
+    result = run_verlbox("overrides", "p40", "trainer.total_epochs=2", env=host_without_verl)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "trainer.total_epochs=2" in lines and "trainer.total_epochs=1" not in lines
+    plan = TrainingPlan(load_recipe("p40").image_spec())  # the CLI's environment, as the subprocess has it
+    assert lines == merge_overrides(plan.overrides, ["trainer.total_epochs=2"])
+
+
+def test_overrides_runs_without_the_docker_sdk_as_in_the_image(verl_config_dir: Path, tmp_path: Path) -> None:
+    """The image installs verlbox with --no-deps: verl is there, the docker SDK is not."""
+    env = without(tmp_path, "docker", before=str(verl_config_dir.parents[2]))
+    refused = run_verlbox(*ISSUE_COMMAND, env=env)
+    assert refused.returncode == 2 and refused.stderr.strip().endswith(REAL_KEY), refused.stderr
+    applied = run_verlbox("overrides", "p40", "trainer.total_epochs=2", env=env)
+    assert applied.returncode == 0 and "trainer.total_epochs=2" in applied.stdout.splitlines(), applied.stderr
+
+
+def test_the_installed_verl_config_wins_only_for_its_own_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed = tmp_path / "verl" / "trainer" / "config"
+    installed.mkdir(parents=True)
+    version = tmp_path / "verl" / "version" / "version"
+    version.parent.mkdir()
+    monkeypatch.setattr(overrides, "installed_verl_config_dir", lambda: installed)
+    version.write_text("0.4.1\n")
+    assert overrides.verl_config_dir("0.4.1") == installed
+    version.write_text("0.5.0\n")  # some other verl on a host: its keys are not the image's
+    assert overrides.verl_config_dir("0.4.1") == overrides.SHIPPED_CONFIGS / "verl-0.4.1"
+    monkeypatch.setattr(overrides, "installed_verl_config_dir", lambda: None)
+    assert overrides.verl_config_dir("0.4.1") == overrides.SHIPPED_CONFIGS / "verl-0.4.1"
+    with pytest.raises(OverrideError, match=r"verl 9\.9 is not installed here and verlbox ships no config for it"):
+        overrides.verl_config_dir("9.9")
+
+
+def test_the_shipped_config_is_the_locked_wheels(verl_wheel: Path, tmp_path: Path) -> None:
+    """bench/ship_verl_config.py rerun on the wheel the images install gives exactly the shipped files."""
+    lock = REPO / "recipes" / "p40-cu124.lock.json"
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "ship_verl_config.py"),
+            str(verl_wheel),
+            "--lock",
+            str(lock),
+            "--out",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    shipped = overrides.SHIPPED_CONFIGS / "verl-0.4.1"
+    assert sorted(p.name for p in shipped.iterdir()) == sorted(p.name for p in (tmp_path / "verl-0.4.1").iterdir())
+    for generated in (tmp_path / "verl-0.4.1").iterdir():
+        assert generated.read_bytes() == (shipped / generated.name).read_bytes(), generated.name
+    with zipfile.ZipFile(verl_wheel) as wheel:
+        assert (shipped / "ppo_trainer.yaml").read_bytes() == wheel.read("verl/trainer/config/ppo_trainer.yaml")
+    source = json.loads((shipped / "source.json").read_text())
+    assert source["sha256"] == hashlib.sha256(verl_wheel.read_bytes()).hexdigest()

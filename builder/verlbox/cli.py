@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     sub = {name: commands.add_parser(name, help=text, description=text) for name, (_, _, text) in HANDLERS.items()}
 
-    sub["render"].add_argument("recipe", nargs="?", help=RECIPE_HELP)
+    sub["render"].add_argument("recipe", nargs="?", help=f"{RECIPE_HELP}; with --check/--sync, only this one")
     sub["render"].add_argument("-o", "--output", help="write the Dockerfile to this file instead of stdout")
     sub["render"].add_argument("--base-image", help="replace the recipe's base image")
     sub["render"].add_argument("--offline", metavar="BUNDLE", help="the Dockerfile of a build from this bundle")
@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BUNDLE",
         help="build from a `verlbox bundle` folder: no network in any step, file times clamped to the lock's date",
     )
-    build.add_argument("--no-cache", action="store_true")
+    build.add_argument("--no-cache", action="store_true", help="build every step again (BuildKit's --no-cache)")
     build.add_argument(
         "--skip-space-check",
         action="store_true",
@@ -156,9 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
             help="a mirror serving source archives by name (URL/NAME) instead of their upstream (default: "
             "$VERLBOX_SOURCES_URL, else GitHub's archive of the pinned commit)",
         )
-        sub[name].add_argument("--progress", choices=["auto", "plain"], default="auto")
+        sub[name].add_argument(
+            "--progress",
+            choices=["auto", "plain"],
+            default="auto",
+            help="auto: one line per finished step; plain: BuildKit's whole log as it comes",
+        )
 
-    sub["overrides"].add_argument("recipe", help=RECIPE_HELP)
+    sub["overrides"].add_argument("recipe", nargs="?", help=f"{RECIPE_HELP} (default: in an image, its own)")
     sub["overrides"].add_argument("extra", nargs="*", help="user overrides to merge and check, as train takes them")
     for name in ("overrides", "train"):
         sub[name].add_argument(
@@ -174,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub[name].add_argument("recipe", help=RECIPE_HELP)
         sub[name].add_argument("--image", help="default: verlbox/NAME:VERSION")
     sub["smoke"].add_argument("--gpu", action="store_true", help="also run the GPU tier (docker run --gpus all)")
-    sub["smoke"].add_argument("--json", help="also write the results as JSON to this file")
+    sub["smoke"].add_argument("--json", help="also write the results as JSON to FILE, or to stdout with -")
 
     shell = sub["shell"]
     shell.add_argument("recipe", nargs="?", help=f"{RECIPE_HELP} (default: VERLBOX_IMAGE from .env)")
@@ -195,13 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     checks = sub["smoke-checks"]
     checks.add_argument("--recipe", help="outside an image: the recipe to check against")
-    checks.add_argument("--gpu", action="store_true")
+    checks.add_argument("--gpu", action="store_true", help="also run the GPU tier (CUDA, Apex kernels, 2 PPO steps)")
     checks.add_argument("--json", help="write results as JSON to FILE, or to stdout with -")
 
     prepare = sub["prepare-data"]
-    prepare.add_argument("dataset", choices=["gsm8k"])
+    prepare.add_argument("dataset", choices=["gsm8k"], help="the dataset's shape (GSM8K only, for now)")
     prepare.add_argument("--source", required=True, help="hub layout, datasets.save_to_disk folder, or JSONL folder")
-    prepare.add_argument("--out", required=True)
+    prepare.add_argument("--out", required=True, help="the folder for {train,test,validation}.parquet")
     prepare.add_argument("--validation-size", type=int, default=256, help="test rows kept for validation")
 
     init = sub["init"]

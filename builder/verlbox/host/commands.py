@@ -33,9 +33,12 @@ OFFLINE_CLASHES = (
     "torch_index_url",
     "ca_bundle",
     "sources",
+    "sources_url",
 )
 
-out = Console(highlight=False, soft_wrap=True)
+# piped output is read by scripts and people alike: tables keep their natural width there (rich's
+# default is 80 columns when stdout is no terminal, which cut recipe names)
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 400)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -55,9 +58,9 @@ def recipes(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render_all(sync: bool) -> int:
+def _render_all(sync: bool, names: list[str]) -> int:
     stale = []
-    for name in recipe_names():
+    for name in names:
         text = render_dockerfile(BuildPlan(load_recipe(name)))
         target = paths.dockerfiles_dir() / f"{name}.Dockerfile"
         if target.is_file() and target.read_text() == text:
@@ -69,12 +72,16 @@ def _render_all(sync: bool) -> int:
             stale.append(target)
     for target in stale:
         err.print(f"{target} differs from what its recipe renders: run `verlbox render --sync`")
+    if not stale and not sync:
+        out.print(f"{paths.dockerfiles_dir()}: {', '.join(names)} match their recipes")
     return 1 if stale else 0
 
 
 def render(args: argparse.Namespace) -> int:
     if args.check or args.sync:
-        return _render_all(sync=args.sync)
+        if args.recipe and args.recipe not in recipe_names():
+            raise UsageError(f"--check/--sync compare shipped recipes with dockerfiles/; {args.recipe} is not one")
+        return _render_all(args.sync, [args.recipe] if args.recipe else recipe_names())
     if not args.recipe:
         raise UsageError("render needs a RECIPE (or --check / --sync)")
     recipe = load_recipe(args.recipe)
@@ -103,6 +110,7 @@ def _sources(args: argparse.Namespace) -> BuildSources:
         args.torch_index_url,
         apt_mirror=args.apt_mirror,
         archives=args.sources,
+        archives_url=args.sources_url,
     )
 
 
@@ -134,10 +142,9 @@ def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
     from verlbox.host.bootstrap import choose_mirror, ensure_bootstrapped_base
     from verlbox.host.engine import client
 
-    sources = _sources(args)
-    sources.require_torch_index(recipe.name, recipe.torch.index)  # type: ignore[attr-defined]
+    sources = _sources(args).with_torch_index(recipe.name, recipe.torch.index)  # type: ignore[attr-defined]
     if recipe.apex:  # type: ignore[attr-defined]
-        sources.archive(recipe.apex.archive_name, recipe.apex.archive_sha256)  # type: ignore[attr-defined]
+        sources.archive(recipe.apex.archive_pin(), err)  # type: ignore[attr-defined]
     base_override = args.base_image
     if args.bootstrap_base:
         if recipe.base.bootstrap is None:
@@ -207,9 +214,11 @@ def lock(args: argparse.Namespace) -> int:
 
 
 def verify(args: argparse.Namespace) -> int:
+    from verlbox.host.engine import require_image
     from verlbox.host.lock import image_labels
     from verlbox.host.verify import differences
 
+    require_image(args.image, "check the name (`docker image ls`), or build it first: verlbox build RECIPE")
     labels = image_labels(args.image)
     reference = args.recipe or labels.get("io.verlbox.recipe")
     if not reference:
@@ -221,16 +230,21 @@ def verify(args: argparse.Namespace) -> int:
     if found:
         err.print(f"{args.image} differs from {recipe.lock_path}: {len(found)} difference(s)")
         return 1
-    err.print(f"{args.image} matches {recipe.lock_path}")
+    out.print(f"{args.image} matches {recipe.lock_path}", markup=False)
     return 0
 
 
 def smoke(args: argparse.Namespace) -> int:
-    from verlbox.host.engine import require_cli
+    from verlbox.host.engine import require_cli, require_image
     from verlbox.runtime.commands import print_results
     from verlbox.runtime.smoke import CheckResult
 
     image = image_for(args)
+    require_image(image, f"build it first: verlbox build {args.recipe}" + ("" if args.image else " (or pass --image)"))
+    if args.gpu:
+        from verlbox.host.doctor import require_gpu_runtime
+
+        require_gpu_runtime("verlbox smoke --gpu")
     command = [require_cli(), "run", "--rm", "--shm-size", "2g"]
     command += ["--gpus", "all"] if args.gpu else []
     command += [image, "smoke-checks", "--json", "-"] + (["--gpu"] if args.gpu else [])
@@ -243,9 +257,14 @@ def smoke(args: argparse.Namespace) -> int:
             f"the smoke checks in {image} did not report (exit {run.returncode}): {run.stderr.strip()[-2000:]}"
         ) from None
     results.insert(0, _lock_check(args, image))
-    if args.json:
-        write_atomically(Path(args.json), json.dumps([asdict(r) for r in results], indent=2) + "\n")
-    print_results(results)
+    report = json.dumps([asdict(r) for r in results], indent=2) + "\n"
+    if args.json == "-":  # the JSON is the output; the table goes to stderr for whoever watches
+        sys.stdout.write(report)
+        print_results(results, err)
+    else:
+        if args.json:
+            write_atomically(Path(args.json), report)
+        print_results(results)
     return 1 if any(r.status == "failed" for r in results) else 0
 
 
@@ -265,19 +284,20 @@ def _lock_check(args: argparse.Namespace, image: str) -> CheckResult:
 
 
 def overrides(args: argparse.Namespace) -> int:
-    from verlbox.runtime.overrides import installed_verl_config_dir
     from verlbox.runtime.profile import Topology, TrainingPlan
+    from verlbox.runtime.spec import baked_spec
     from verlbox.runtime.train import verified_overrides
 
+    extra = list(args.extra)
+    recipe = args.recipe
+    if recipe and "=" in recipe:  # no recipe name holds "=": inside an image the recipe is the image's own
+        extra.insert(0, recipe)
+        recipe = None
+    spec = load_recipe(recipe).image_spec() if recipe else baked_spec()
+    if spec is None:
+        raise UsageError("name a recipe (`verlbox overrides p40 KEY=VALUE ...`): this is not a verlbox image")
     topology = Topology(args.gpus_per_node or 1, args.nodes or 1, "given")
-    plan = TrainingPlan(load_recipe(args.recipe).image_spec(), topology=topology)
-    if installed_verl_config_dir() is None:
-        err.print(
-            "note: verl is not installed here, so these were not checked against its config "
-            "(the image checks them at every start)"
-        )
-        lines = plan.overrides
-    else:
-        lines = verified_overrides(plan, args.extra)
-    out.print("\n".join(lines), markup=False)
+    plan = TrainingPlan(spec, topology=topology)
+    # checked against the installed verl's config, else (on a host) the copy verlbox ships
+    out.print("\n".join(verified_overrides(plan, extra)), markup=False)
     return 0

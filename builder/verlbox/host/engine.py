@@ -7,8 +7,6 @@ import shutil
 import subprocess
 from typing import Any
 
-import docker
-
 from verlbox.errors import VerlboxError
 from verlbox.host.reference import ImageReference
 
@@ -18,6 +16,8 @@ class EngineError(VerlboxError):
 
 
 def client() -> Any:
+    import docker  # here, not at the top: lock.py needs only the CLI, and images have no docker SDK
+
     try:
         engine = docker.from_env()
         engine.ping()
@@ -41,10 +41,24 @@ def docker_output(*args: str) -> str:
     return run.stdout
 
 
+def require_image(reference: str, missing_hint: str) -> None:
+    """One line when REFERENCE is not on the engine (the CLI would otherwise try a registry, or print its error)."""
+    command = [require_cli(), "image", "inspect", "--format", "{{.Id}}", reference]
+    run = subprocess.run(command, capture_output=True, text=True, check=False)
+    if run.returncode == 0:
+        return
+    if "no such image" in run.stderr.lower():
+        raise EngineError(f"{reference} is not on this engine: {missing_hint}")
+    client()  # no engine at all: its own one-line error
+    raise EngineError(f"cannot inspect {reference}: {run.stderr.strip().splitlines()[-1][-300:]}")
+
+
 def image_exists(engine: Any, reference: str) -> bool:
+    from docker.errors import ImageNotFound
+
     try:
         engine.images.get(reference)
-    except docker.errors.ImageNotFound:
+    except ImageNotFound:
         return False
     return True
 
@@ -58,5 +72,7 @@ def retag(engine: Any, source: str, targets: list[ImageReference]) -> None:
 
 
 def untag(engine: Any, reference: str) -> None:
-    with contextlib.suppress(docker.errors.ImageNotFound):
+    from docker.errors import ImageNotFound
+
+    with contextlib.suppress(ImageNotFound):
         engine.images.remove(reference, noprune=True)

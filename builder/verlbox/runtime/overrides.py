@@ -1,8 +1,10 @@
-"""Check Hydra overrides against the installed verl: its real ppo_trainer.yaml and what its code reads.
+"""Check Hydra overrides against verl's real ppo_trainer.yaml and what its code reads.
 
 Hydra rejects a plain override of an undeclared key, but `+`/`++` add anything silently, and verl
 0.4.1 has no schema of its own. So every key is looked up in the composed config; an undeclared one
-passes only if the patch set lists it as read by verl's code.
+passes only if the patch set lists it as read by verl's code. The config is the installed verl's (in
+the image) or, where verl is not installed (the host), the copy verlbox ships, taken byte for byte
+from the locked wheel by bench/ship_verl_config.py.
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ from pathlib import Path
 
 from verlbox.errors import UsageError
 from verlbox.runtime.gpu import capability_for, rollout_backend
-from verlbox.runtime.patches import PatchSet
+from verlbox.runtime.patches import PatchSet, detect_verl_version
+
+# verl's ppo_trainer.yaml has no defaults list, so it is all main_ppo composes
+CONFIG_FILES = ("ppo_trainer.yaml",)
+WHEEL_CONFIG_DIR = "verl/trainer/config"
+SHIPPED_CONFIGS = Path(__file__).parent / "verl_config"
+SOURCE_RECORD = "source.json"
 
 # What the blogs set, and what verl 0.4.1 really reads instead.
 REAL_KEYS = {
@@ -74,6 +82,25 @@ def installed_verl_config_dir() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
+
+
+def shipped_verl_versions() -> list[str]:
+    return sorted(folder.name.removeprefix("verl-") for folder in SHIPPED_CONFIGS.glob("verl-*"))
+
+
+def verl_config_dir(verl_version: str) -> Path:
+    """The installed verl's config when it is this version (the image), else the copy verlbox ships (the host)."""
+    installed = installed_verl_config_dir()
+    # a host may have some other verl installed: its keys would not be the image's
+    if installed is not None and detect_verl_version(installed.parents[2]) == verl_version:
+        return installed
+    shipped = SHIPPED_CONFIGS / f"verl-{verl_version}"
+    if not shipped.is_dir():
+        raise OverrideError(
+            f"verl {verl_version} is not installed here and verlbox ships no config for it "
+            f"(it has: {', '.join(shipped_verl_versions())}), so the overrides cannot be checked"
+        )
+    return shipped
 
 
 def compose(config_dir: Path, overrides: list[str]) -> object:

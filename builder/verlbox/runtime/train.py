@@ -1,4 +1,4 @@
-"""The image's `train` entrypoint: preflight, data on demand, then verl's main_ppo with the profile."""
+"""The image's `train` entrypoint: preflight, model and data on demand, then verl's main_ppo with the profile."""
 
 from __future__ import annotations
 
@@ -13,23 +13,26 @@ from pathlib import Path
 from rich.console import Console
 
 from verlbox.errors import PreflightFailed, UsageError, VerlboxError
-from verlbox.runtime import cluster, preflight
+from verlbox.runtime import cluster, hub, preflight
 from verlbox.runtime.data import prepare_gsm8k
 from verlbox.runtime.memory_cap import SITECUSTOMIZE_DIR
 from verlbox.runtime.overrides import (
     Override,
     OverrideError,
     check_overrides,
-    installed_verl_config_dir,
     override_int,
     override_value,
+    verl_config_dir,
 )
 from verlbox.runtime.patches import patch_set_for
 from verlbox.runtime.profile import Topology, TrainingPlan, batch_problems
 from verlbox.runtime.spec import ImageSpec
 
 DEFAULT_RAW_GSM8K = "/data/gsm8k-raw"
+MODEL_KEY = "actor_rollout_ref.model.path"
 DATA_KEYS = ("data.train_files", "data.val_files")
+# compose mounts the run folder's models/ and data/ here: a failed fetch names the folder as the host sees it
+RUN_FOLDER_MOUNTS = {Path("/models"): "models", Path("/data"): "data"}
 RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 RAY_OVERRIDE_JOB_ENV = "RAY_OVERRIDE_JOB_RUNTIME_ENV"
 
@@ -52,12 +55,9 @@ def merge_overrides(profile: list[str], user: list[str]) -> list[str]:
 
 def verified_overrides(plan: TrainingPlan, user: list[str]) -> list[str]:
     overrides = merge_overrides(plan.overrides, user)
-    config_dir = installed_verl_config_dir()
-    if config_dir is None:
-        raise VerlboxError("verl is not installed here, so the overrides cannot be checked against its config")
     config = check_overrides(
         overrides,
-        config_dir,
+        verl_config_dir(plan.spec.verl),
         patch_set_for(plan.spec.verl),
         plan.oldest_target,
         flash_attn_installed=importlib.util.find_spec("flash_attn") is not None,
@@ -137,21 +137,43 @@ def train_command(overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
 
 
+def run_folder_path(folder: Path) -> str:
+    """FOLDER as `verlbox fetch --out` takes it in the run folder on the host (compose's mounts undone)."""
+    for mount, name in RUN_FOLDER_MOUNTS.items():
+        if folder.is_relative_to(mount):
+            return str(name / folder.relative_to(mount))
+    return str(folder)
+
+
+def provide(name: str, source: hub.Source, folder: Path, environ: dict[str, str], console: Console) -> preflight.Check:
+    """FOLDER holding SOURCE: fetched from the hub when missing or empty, else checked against its record."""
+
+    def say(text: str) -> None:
+        console.print(text, markup=False)
+
+    try:
+        detail = hub.ensure(source, folder, hub.Hub.from_environment(environ), say, shown_as=run_folder_path(folder))
+    except VerlboxError as exc:
+        return preflight.Check(name, False, str(exc))
+    say(f"{name}: {detail}")
+    return preflight.Check(name, True, detail)
+
+
+def provide_model(overrides: list[str], environ: dict[str, str], console: Console) -> preflight.Check:
+    folder = Path(override_value(overrides, MODEL_KEY) or "")
+    return provide("model", hub.source_from_environment("model", environ), folder, environ, console)
+
+
 def ensure_data(overrides: list[str], environ: dict[str, str], console: Console) -> preflight.Check:
+    """verl's parquet files, made from the raw GSM8K download (fetched first when missing) unless already there."""
     files = [Path(v) for key in DATA_KEYS if (v := override_value(overrides, key))]
     if all(path.is_file() for path in files):
         return preflight.Check("data", True, ", ".join(map(str, files)))
-    raw = Path(environ.get("VERLBOX_GSM8K_SOURCE", DEFAULT_RAW_GSM8K))
+    raw = Path(environ.get("VERLBOX_GSM8K_SOURCE") or DEFAULT_RAW_GSM8K)
+    download = provide("data", hub.source_from_environment("data", environ), raw, environ, console)
+    if not download.ok:
+        return download
     target = files[0].parent
-    if not raw.exists():
-        missing = next(path for path in files if not path.is_file())
-        return preflight.Check(
-            "data",
-            False,
-            f"{missing} is missing and there is no GSM8K download at {raw} to "
-            f"make it from: run `verlbox prepare-data gsm8k --source DOWNLOAD --out {target}` "
-            "or set VERLBOX_GSM8K_SOURCE",
-        )
     written = prepare_gsm8k(raw, target)
     console.print(
         f"prepared GSM8K from {raw} into {target}: "
@@ -160,17 +182,25 @@ def ensure_data(overrides: list[str], environ: dict[str, str], console: Console)
     return preflight.Check("data", True, f"prepared from {raw}")
 
 
+def prepare_inputs(overrides: list[str], environ: dict[str, str], console: Console) -> list[preflight.Check]:
+    """What verl reads, in place before it starts: the model and GSM8K fetched from the hub on first start
+    (or checked against what was fetched), then GSM8K made into verl's parquet files."""
+    return [provide_model(overrides, environ, console), ensure_data(overrides, environ, console)]
+
+
 def run_preflight(
     plan: TrainingPlan, overrides: list[str], environ: dict[str, str], facts: preflight.GpuFacts, console: Console
 ) -> list[preflight.Check]:
+    model, data = prepare_inputs(overrides, environ, console)
     checks = [
         preflight.check_gpu_visible(facts, plan.topology.gpus_per_node),
         preflight.check_compute_capability(facts, plan.spec.target_gpus),
         preflight.check_driver(facts, plan.spec.cuda),
         preflight.check_memory(facts, plan.profile.min_gpu_memory_gib),
         preflight.check_shared_memory(),
-        preflight.check_model(Path(override_value(overrides, "actor_rollout_ref.model.path") or "")),
-        ensure_data(overrides, environ, console),
+        # a model that is there also has to load; one that could not be fetched is news enough
+        preflight.check_model(Path(override_value(overrides, MODEL_KEY) or "")) if model.ok else model,
+        data,
     ]
     if not checks[0].ok:  # without a GPU the GPU checks below it only repeat the same news
         checks = [checks[0], *checks[4:]]
@@ -182,8 +212,8 @@ def run_cluster_preflight(
 ) -> list[preflight.Check]:
     """The head's own checks, then every node's facts, gathered by one Ray task on each."""
     topology, spec = plan.topology, plan.spec
-    checks = [preflight.check_shared_memory(), ensure_data(overrides, environ, console)]
-    paths = [override_value(overrides, key) or "" for key in ("actor_rollout_ref.model.path", *DATA_KEYS)]
+    checks = [preflight.check_shared_memory(), *prepare_inputs(overrides, environ, console)]
+    paths = [override_value(overrides, key) or "" for key in (MODEL_KEY, *DATA_KEYS)]
     folder = Path(override_value(overrides, "trainer.default_local_dir") or "")
     try:
         with cluster.marker_in(folder) as (marker, token):

@@ -1,0 +1,101 @@
+"""The installed `verlbox` as a new user meets it: exit codes, one line per failure, nothing left behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import docker, run_verlbox
+from verlbox import __version__
+from verlbox.host.recipe import load_recipe
+
+
+def engine_leftovers() -> tuple[set[str], set[str]]:
+    containers = set(docker("ps", "-a", "--format", "{{.ID}}").stdout.split())
+    networks = set(docker("network", "ls", "--format", "{{.Name}}").stdout.split())
+    return containers, networks
+
+
+def one_error_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("verlbox: error: "), stderr
+    return lines[0]
+
+
+def test_version() -> None:
+    result = run_verlbox("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"verlbox {__version__}"
+
+
+def test_recipes_piped_keep_every_name_and_purpose_whole() -> None:
+    result = run_verlbox("recipes")
+    assert result.returncode == 0
+    for name in ("p40", "p40-cu124"):
+        row = next(line for line in result.stdout.splitlines() if f" {name} " in line)
+        assert load_recipe(name).description in row
+
+
+def test_render_check_says_what_matches_and_takes_a_recipe(tmp_path: Path) -> None:
+    every = run_verlbox("render", "--check")
+    assert every.returncode == 0 and "p40, p40-cu124 match their recipes" in every.stdout
+    one = run_verlbox("render", "--check", "p40-cu124")
+    assert one.returncode == 0 and "p40-cu124 match" in one.stdout and "p40," not in one.stdout
+    unknown = run_verlbox("render", "--check", str(tmp_path / "mine.yaml"))
+    assert unknown.returncode == 2 and "is not one" in one_error_line(unknown.stderr)
+
+
+@pytest.mark.docker
+def test_verify_and_smoke_of_a_missing_image_are_one_line_each(docker_engine: object) -> None:
+    before = engine_leftovers()
+    verify = run_verlbox("verify", "does/not:exist")
+    line = one_error_line(verify.stderr)
+    assert verify.returncode == 1 and "does/not:exist is not on this engine" in line and "docker image" not in line
+    # p40's base comes from a registry, so its default tag is never on these machines
+    smoke = run_verlbox("smoke", "p40")
+    line = one_error_line(smoke.stderr)
+    assert (
+        smoke.returncode == 1 and "verlbox/p40:0.1.0 is not on this engine: build it first: verlbox build p40" in line
+    )
+    smoke_gpu = run_verlbox("smoke", "p40-cu124", "--gpu", "--image", "does/not:exist")
+    assert smoke_gpu.returncode == 1 and "does/not:exist is not on this engine" in one_error_line(smoke_gpu.stderr)
+    assert engine_leftovers() == before
+
+
+@pytest.mark.docker
+def test_smoke_gpu_without_the_nvidia_runtime_is_one_line(docker_engine: object, image: str) -> None:
+    before = engine_leftovers()
+    result = run_verlbox("smoke", "p40-cu124", "--gpu", "--image", image)
+    line = one_error_line(result.stderr)
+    assert result.returncode == 1 and "NVIDIA" in line and "could not select device driver" not in line
+    assert engine_leftovers() == before
+
+
+@pytest.mark.docker
+def test_verify_success_goes_to_stdout(image: str) -> None:
+    result = run_verlbox("verify", image)
+    assert result.returncode == 0 and f"{image} matches" in result.stdout
+
+
+def test_smoke_json_to_stdout_is_declared() -> None:
+    """`--json -` is stdout for host smoke as for smoke-checks (the image test runs it for real)."""
+    for command in (["smoke", "p40-cu124"], ["smoke-checks"]):
+        result = run_verlbox(*command, "--help")
+        assert "or to stdout with -" in " ".join(result.stdout.split()), command
+
+
+def test_every_option_has_help() -> None:
+    import argparse
+
+    from verlbox.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [
+        f"{name} {action.option_strings or action.dest}"
+        for name, sub in commands.choices.items()
+        for action in sub._actions
+        if not action.help and not isinstance(action, argparse._HelpAction)
+    ]
+    assert missing == []
+    assert {"doctor", "init", "fetch", "shell"} <= set(commands.choices)
