@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import venv
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,22 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """verlbox installed from its wheel (not editable) into a fresh venv, as a user's `pip install` gets it."""
+    root = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
+    venv.create(root / "venv", with_pip=True)
+    wheel = next((root / "dist").glob("verlbox-*.whl"))
+    python = root / "venv" / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheel)], check=True, capture_output=True)
+    return root / "venv"
 
 
 @pytest.fixture(scope="session")

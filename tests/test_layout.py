@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 import pytest
@@ -45,22 +44,6 @@ def test_image_commands_load_neither_jinja_nor_docker_nor_the_host_side() -> Non
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
-
-
-@pytest.fixture(scope="module")
-def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """verlbox installed from its wheel (not editable) into a fresh venv."""
-    root = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(REPO)],
-        check=True,
-        capture_output=True,
-    )
-    venv.create(root / "venv", with_pip=True)
-    python = root / "venv" / "bin" / "python"
-    wheel = next((root / "dist").glob("verlbox-*.whl"))
-    subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheel)], check=True, capture_output=True)
-    return root / "venv"
 
 
 def test_a_plain_install_finds_recipes_and_renders_from_any_folder(wheel_venv: Path, tmp_path: Path) -> None:

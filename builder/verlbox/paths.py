@@ -31,3 +31,7 @@ def dockerfiles_dir() -> Path:
 
 def compose_file() -> Path:
     return shipped_root() / "compose.yaml"
+
+
+def env_example_file() -> Path:
+    return shipped_root() / ".env.example"

@@ -1,0 +1,285 @@
+"""`verlbox init [DIR]`: a run folder for `docker compose up train`, for a user who `pip install`ed verlbox.
+
+It holds the shipped compose.yaml, a .env rendered from the shipped .env.example (the caller's uid/gid,
+the newest verlbox image on this engine, the GPU count nvidia-smi lists) and the folders compose binds,
+made by the caller so that they are the caller's (compose binds them with create_host_path: false).
+
+Re-running it never loses an edit: a file equal to what init writes now is left alone, one init wrote
+and nobody changed since is updated, and any other is refused (exit 2) unless --force, which keeps the
+old file as NAME.bak. Every file is checked before anything is written. What init wrote is told apart
+from an edit by the sha256 of every text it wrote there, kept in RECORD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import docker
+from rich.console import Console
+
+from verlbox import paths
+from verlbox.errors import UsageError, VerlboxError
+from verlbox.files import write_atomically
+from verlbox.host.engine import EngineError, client
+from verlbox.host.reference import parse_reference
+from verlbox.host.staging import REPOSITORY as STAGING_REPOSITORY
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+RECIPE_LABEL = "io.verlbox.recipe"
+FOLDERS = ("models", "data", "checkpoints", "hf-cache")
+RECORD = ".verlbox-init.json"
+NVIDIA_SMI_TIMEOUT_S = 30
+# the .env may come to hold HF_TOKEN
+ENV_MODE = 0o600
+
+ENV_HEADER = """\
+# Written by `verlbox init` for compose.yaml beside it; edit freely: `verlbox init` again keeps a
+# changed file (--force replaces it and keeps yours as .env.bak). Every key is documented below.
+"""
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One file of the run folder: its new text, and what writing it does to the one there."""
+
+    name: str
+    text: str
+    # keep: already this text; update: init's own text, unchanged since; replace: edited, and --force given
+    action: Literal["create", "keep", "update", "replace"]
+
+
+def init(args: argparse.Namespace) -> int:
+    directory = Path(args.directory)
+    template = paths.env_example_file().read_text()
+    previous = dotenv_values(directory / ".env")
+    notes: list[str] = []
+    image = _image(args.image, previous, dotenv_values_of(template), notes)
+    gpus, gpu_problem = gpu_count()
+    if gpu_problem:
+        notes.append(f"{gpu_problem}: VERLBOX_GPUS=1 (set it in .env)")
+    settings = {
+        "VERLBOX_IMAGE": image,
+        "VERLBOX_UID": str(os.getuid()),
+        "VERLBOX_GID": str(os.getgid()),
+        "VERLBOX_GPUS": str(gpus),
+    }
+    texts = {"compose.yaml": paths.compose_file().read_text(), ".env": render_env(template, settings)}
+    plan = plan_files(directory, texts, force=args.force)
+    backups, made = write_run_folder(directory, plan)
+    for note in notes:
+        err.print(f"note: {note}", markup=False)
+    err.print(_summary(directory, plan, backups, made, settings), markup=False)
+    here = directory.resolve() == Path.cwd().resolve()
+    err.print(f"next: {'' if here else f'cd {shlex.quote(str(directory))} && '}docker compose up train", markup=False)
+    return 0
+
+
+def _image(requested: str | None, previous: dict[str, str], defaults: dict[str, str], notes: list[str]) -> str:
+    """--image, else the newest verlbox image here, else the .env's current one, else .env.example's."""
+    if requested is not None:
+        try:
+            parse_reference(requested)
+        except ValueError as exc:
+            raise UsageError(f"--image {exc}") from None
+        return requested
+    try:
+        found = newest_image()
+    except VerlboxError as exc:
+        problem = str(exc)
+    else:
+        if found:
+            return found
+        problem = "no verlbox image on this Docker engine"
+    kept = previous.get("VERLBOX_IMAGE") or defaults["VERLBOX_IMAGE"]
+    notes.append(f"{problem}; VERLBOX_IMAGE={kept}: build one with `verlbox build p40`, or pass --image REF")
+    return kept
+
+
+def newest_image() -> str | None:
+    """The tag of the newest image on the engine that `verlbox build` made (it carries the recipe label)."""
+    try:
+        listed = client().api.images(filters={"label": RECIPE_LABEL})
+    except docker.errors.DockerException as exc:
+        raise EngineError(f"cannot list the engine's images ({exc})") from None
+    return pick_newest(listed)
+
+
+def pick_newest(listed: list[dict]) -> str | None:
+    """From the engine's image list (`Created` in seconds, `RepoTags`): newest first, then by name.
+
+    A staging tag names an image until its build succeeds, never one to train with; `<none>:<none>` is
+    how older engines spell an untagged image.
+    """
+    candidates = [
+        (-image["Created"], tag)
+        for image in listed
+        for tag in image.get("RepoTags") or []
+        if not tag.startswith(f"{STAGING_REPOSITORY}/") and tag != "<none>:<none>"
+    ]
+    return min(candidates)[1] if candidates else None
+
+
+def gpu_count() -> tuple[int, str | None]:
+    """The GPUs `nvidia-smi -L` lists, or 1 and why it could not tell."""
+    try:
+        listing = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False
+        )
+    except FileNotFoundError:
+        return 1, "no nvidia-smi on PATH"
+    except subprocess.TimeoutExpired:
+        return 1, f"nvidia-smi -L gave no answer in {NVIDIA_SMI_TIMEOUT_S} s"
+    if listing.returncode != 0:
+        said = (listing.stderr or listing.stdout).strip().splitlines()
+        return 1, f"nvidia-smi -L failed ({said[-1] if said else f'exit {listing.returncode}'})"
+    # MIG devices are indented lines under their GPU: one container reservation per physical GPU
+    count = sum(line.startswith("GPU ") for line in listing.stdout.splitlines())
+    return (count, None) if count else (1, "nvidia-smi -L lists no GPU")
+
+
+def dotenv_values_of(text: str) -> dict[str, str]:
+    """KEY=VALUE lines as compose reads the plain ones (init writes no quotes)."""
+    lines = (line.strip() for line in text.splitlines())
+    pairs = (line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def dotenv_values(path: Path) -> dict[str, str]:
+    """A .env's values; none where it cannot be read (planning the files then says why, in one line)."""
+    try:
+        return dotenv_values_of(path.read_text(errors="replace"))
+    except OSError:
+        return {}
+
+
+def render_env(template: str, settings: dict[str, str]) -> str:
+    """.env.example with init's header and values: the two files document the same keys the same way.
+
+    The template's header is everything before its first blank line.
+    """
+    _, _, body = template.partition("\n\n")
+    lines = []
+    for line in body.splitlines(keepends=True):
+        key = line.split("=", 1)[0]
+        lines.append(f"{key}={settings[key]}\n" if "=" in line and key in settings else line)
+    return ENV_HEADER + "\n" + "".join(lines)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_record(directory: Path) -> dict[str, list[str]]:
+    """The hashes of every text init wrote to each file; a missing or unreadable record knows none."""
+    try:
+        record = json.loads((directory / RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    return {name: hashes for name, hashes in record.items() if isinstance(hashes, list)}
+
+
+def plan_files(directory: Path, texts: dict[str, str], force: bool) -> list[Planned]:
+    """What writing each file does; refuses (before anything is written) a path that cannot be used or an edit."""
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{directory} exists and is not a folder")
+    for folder in FOLDERS:
+        if (directory / folder).exists() and not (directory / folder).is_dir():
+            raise UsageError(f"{directory / folder} exists and is not a folder; compose binds a folder there")
+    record = read_record(directory)
+    plan, edited = [], []
+    for name, text in texts.items():
+        path = directory / name
+        if not path.exists():
+            plan.append(Planned(name, text, "create"))
+            continue
+        if not path.is_file():
+            raise UsageError(f"{path} exists and is not a file")
+        try:
+            there = path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        if there == text.encode():
+            plan.append(Planned(name, text, "keep"))
+        elif _sha256(there) in record.get(name, []):
+            plan.append(Planned(name, text, "update"))
+        else:
+            plan.append(Planned(name, text, "replace"))
+            edited.append(str(path))
+    if edited and not force:
+        them = "it" if len(edited) == 1 else "them"
+        raise UsageError(
+            f"{', '.join(edited)} changed since `verlbox init` wrote {them}; nothing written "
+            f"(--force replaces {them} and keeps yours as {', '.join(Path(path).name + '.bak' for path in edited)})"
+        )
+    return plan
+
+
+def _backup_path(path: Path) -> Path:
+    """NAME.bak, or the first free NAME.bak.N: an older backup is the user's too."""
+    candidate, number = path.with_name(f"{path.name}.bak"), 1
+    while candidate.exists() or candidate.is_symlink():
+        number += 1
+        candidate = path.with_name(f"{path.name}.bak.{number}")
+    return candidate
+
+
+def write_run_folder(directory: Path, plan: list[Planned]) -> tuple[list[Path], list[str]]:
+    """Writes the plan: the record first, so a crash between files still knows every text init wrote.
+
+    Returns the backups made and the folders made.
+    """
+    made = [folder for folder in FOLDERS if not (directory / folder).is_dir()]
+    try:
+        for folder in made:
+            (directory / folder).mkdir(parents=True)
+    except OSError as exc:
+        raise UsageError(f"{directory}: cannot make the run folder ({exc.strerror or exc})") from None
+    record = read_record(directory)
+    known = json.dumps(record, sort_keys=True)
+    for planned in plan:
+        hashes = record.setdefault(planned.name, [])
+        if (digest := _sha256(planned.text.encode())) not in hashes:
+            hashes.append(digest)
+    if json.dumps(record, sort_keys=True) != known:
+        write_atomically(directory / RECORD, json.dumps(record, indent=1, sort_keys=True) + "\n")
+    backups = []
+    for planned in plan:
+        path = directory / planned.name
+        if planned.action == "replace":
+            backups.append(_backup_path(path))
+            try:
+                shutil.copy2(path, backups[-1])
+            except OSError as exc:
+                raise UsageError(f"{backups[-1]}: cannot keep {path.name} there ({exc.strerror or exc})") from None
+        if planned.action != "keep":
+            new_env = planned.name == ".env" and planned.action == "create"
+            write_atomically(path, planned.text, mode=ENV_MODE if new_env else None)
+    return backups, made
+
+
+def _summary(
+    directory: Path, plan: list[Planned], backups: list[Path], made: list[str], settings: dict[str, str]
+) -> str:
+    written = [planned.name for planned in plan if planned.action != "keep"]
+    done = f"wrote {', '.join(written)}" if written else "compose.yaml and .env up to date"
+    if backups:
+        done += f" (yours kept as {', '.join(path.name for path in backups)})"
+    if made:
+        done += f", made {', '.join(f'{folder}/' for folder in made)}"
+    gpus = settings["VERLBOX_GPUS"]
+    return (
+        f"{directory}: {done}; image {settings['VERLBOX_IMAGE']}, {gpus} GPU{'' if gpus == '1' else 's'}, "
+        f"user {settings['VERLBOX_UID']}:{settings['VERLBOX_GID']}"
+    )

@@ -1,0 +1,297 @@
+"""`verlbox init [DIR]`: a run folder that `docker compose` resolves, re-runs that keep a user's edits."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, docker, run_verlbox
+from verlbox.host.build import default_tag
+from verlbox.host.plan import BuildPlan
+from verlbox.host.recipe import load_recipe
+from verlbox.host.runfolder import ENV_HEADER, FOLDERS, pick_newest
+
+IMAGE = "verlbox-test/init:given"
+# No engine answers here, so the newest-image lookup cannot depend on what this engine holds.
+NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+
+
+def init(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return run_verlbox("init", *args, cwd=cwd, env=NO_ENGINE | (env or {}))
+
+
+def compose_config(compose_file: Path, cwd: Path) -> dict:
+    # a VERLBOX_* variable in the test's own environment would win over .env
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("VERLBOX_")}
+    result = subprocess.run(
+        ["docker", "compose", "-f", str(compose_file), "config", "--format", "json"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=environment,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def env_values(path: Path) -> dict[str, str]:
+    lines = (line for line in path.read_text().splitlines() if "=" in line and not line.startswith("#"))
+    return dict(line.split("=", 1) for line in lines)
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int, bytes | None]]:
+    """Every path under FOLDER with its inode, mtime and bytes: equal snapshots mean nothing was written."""
+    return {
+        str(path.relative_to(folder)): (
+            path.stat().st_ino,
+            path.stat().st_mtime_ns,
+            path.read_bytes() if path.is_file() else None,
+        )
+        for path in sorted(folder.rglob("*"))
+    }
+
+
+@pytest.mark.docker
+def test_a_pip_installed_verlbox_writes_a_folder_compose_resolves(
+    wheel_venv: Path, tmp_path: Path, compose_cli
+) -> None:
+    result = subprocess.run(
+        [str(wheel_venv / "bin" / "verlbox"), "init", "run", "--image", IMAGE],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=os.environ | NO_ENGINE,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[-1] == "next: cd run && docker compose up train"
+    run = tmp_path / "run"
+    # the installed package's own copy of the shipped file, not the checkout's path
+    assert (run / "compose.yaml").read_text() == (REPO / "compose.yaml").read_text()
+    train = compose_config(run / "compose.yaml", tmp_path)["services"]["train"]
+    assert train["user"] == f"{os.getuid()}:{os.getgid()}"
+    assert train["image"] == IMAGE
+    sources = {volume["target"]: volume["source"] for volume in train["volumes"]}
+    assert sources == {
+        "/models": str(run / "models"),
+        "/data": str(run / "data"),
+        "/checkpoints": str(run / "checkpoints"),
+        "/cache/huggingface": str(run / "hf-cache"),
+    }
+    assert all((run / folder).is_dir() for folder in FOLDERS)
+
+
+@pytest.mark.docker
+def test_two_run_folders_are_two_compose_projects(tmp_path: Path, compose_cli) -> None:
+    names = []
+    for folder in ("first-run", "second-run"):
+        assert init(folder, "--image", IMAGE, cwd=tmp_path).returncode == 0
+        names.append(compose_config(tmp_path / folder / "compose.yaml", tmp_path)["name"])
+    assert names == ["first-run", "second-run"]
+
+
+def test_the_folders_and_env_belong_to_the_caller(tmp_path: Path) -> None:
+    result = init("run", "--image", IMAGE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "run"
+    for folder in FOLDERS:
+        assert ((run / folder).stat().st_uid, (run / folder).stat().st_gid) == (os.getuid(), os.getgid())
+    settings = env_values(run / ".env")
+    assert (settings["VERLBOX_UID"], settings["VERLBOX_GID"]) == (str(os.getuid()), str(os.getgid()))
+    # it may come to hold HF_TOKEN
+    assert (run / ".env").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_rerun_leaves_equal_files_alone_and_updates_its_own(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert init("run", "--image", IMAGE, cwd=tmp_path).returncode == 0
+    (run / "models" / "weights.bin").write_bytes(b"the user's model")
+    before = snapshot(run)
+    again = init("run", "--image", IMAGE, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert snapshot(run) == before
+    assert "compose.yaml and .env up to date" in again.stderr
+    # .env is still exactly what init wrote: a new image replaces it, with no backup needed
+    updated = init("run", "--image", "verlbox-test/init:newer", cwd=tmp_path)
+    assert updated.returncode == 0, updated.stderr
+    assert env_values(run / ".env")["VERLBOX_IMAGE"] == "verlbox-test/init:newer"
+    assert not list(run.glob("*.bak*"))
+    assert (run / "compose.yaml").stat().st_ino == before["compose.yaml"][0]
+    assert (run / "models" / "weights.bin").read_bytes() == b"the user's model"
+
+
+def test_an_edited_file_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert init("run", "--image", IMAGE, cwd=tmp_path).returncode == 0
+    with (run / ".env").open("a") as env:
+        env.write("HF_TOKEN=mine\n")
+    (run / "data").rmdir()
+    before = snapshot(run)
+    # a new image would change .env, and data/ is missing: neither happens while .env is refused
+    result = init("run", "--image", "verlbox-test/init:newer", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "verlbox: error: run/.env changed since `verlbox init` wrote it; nothing written "
+        "(--force replaces it and keeps yours as .env.bak)"
+    ]
+    assert snapshot(run) == before
+
+
+def test_force_replaces_an_edited_file_and_keeps_it_as_bak(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert init("run", "--image", IMAGE, cwd=tmp_path).returncode == 0
+    edits = []
+    for token in ("first", "second"):
+        edits.append((run / ".env").read_text() + f"HF_TOKEN={token}\n")
+        (run / ".env").write_text(edits[-1])
+        result = init("run", "--image", IMAGE, "--force", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert env_values(run / ".env")["HF_TOKEN"] == ""
+    # an older backup is the user's too: the second goes beside it
+    assert (run / ".env.bak").read_text() == edits[0]
+    assert (run / ".env.bak.2").read_text() == edits[1]
+    assert "yours kept as .env.bak.2" in result.stderr
+    assert init("run", "--image", IMAGE, cwd=tmp_path).returncode == 0
+
+
+def test_a_file_where_a_folder_belongs_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoints").write_text("not a folder")
+    result = init("run", "--image", IMAGE, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "verlbox: error: run/checkpoints exists and is not a folder; compose binds a folder there"
+    ]
+    assert sorted(path.name for path in run.iterdir()) == ["checkpoints"]
+
+
+def test_a_bad_image_reference_is_bad_input(tmp_path: Path) -> None:
+    result = init("run", "--image", "Not An Image", cwd=tmp_path)
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("verlbox: error: --image ")
+    assert not (tmp_path / "run").exists()
+
+
+def test_without_an_engine_the_folder_names_the_default_image_and_says_how_to_build_it(tmp_path: Path) -> None:
+    result = init("run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if "VERLBOX_IMAGE" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: no Docker engine answers")
+    assert "`verlbox build p40`" in notes[0]
+    assert "Traceback" not in result.stderr
+    assert env_values(tmp_path / "run" / ".env")["VERLBOX_IMAGE"] == default_tag(BuildPlan(load_recipe("p40")))
+
+
+def test_without_an_engine_a_rerun_keeps_the_image_init_found_before(tmp_path: Path) -> None:
+    assert init("run", "--image", IMAGE, cwd=tmp_path).returncode == 0
+    result = init("run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert env_values(tmp_path / "run" / ".env")["VERLBOX_IMAGE"] == IMAGE
+    assert f"VERLBOX_IMAGE={IMAGE}" in result.stderr
+
+
+def fake_nvidia_smi(folder: Path, script: str) -> dict[str, str]:
+    folder.mkdir()
+    (folder / "nvidia-smi").write_text(f"#!/bin/sh\n{script}\n")
+    (folder / "nvidia-smi").chmod(0o755)
+    return {"PATH": str(folder)}
+
+
+@pytest.mark.parametrize(
+    ("script", "gpus", "note"),
+    [
+        (
+            "printf 'GPU 0: Tesla P40 (UUID: GPU-a)\\nGPU 1: Tesla P40 (UUID: GPU-b)\\n"
+            "  MIG 1g.10gb Device 0: (UUID: MIG-c)\\nGPU 2: Tesla P40 (UUID: GPU-d)\\n'",
+            "3",
+            None,
+        ),
+        (
+            "echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'; exit 9",
+            "1",
+            "note: nvidia-smi -L failed (NVIDIA-SMI has failed because it could not communicate with the NVIDIA "
+            "driver.): VERLBOX_GPUS=1 (set it in .env)",
+        ),
+        (None, "1", "note: no nvidia-smi on PATH: VERLBOX_GPUS=1 (set it in .env)"),
+    ],
+    ids=["three-gpus", "no-driver", "no-nvidia-smi"],
+)
+def test_the_gpu_count_is_what_nvidia_smi_lists(
+    tmp_path: Path, script: str | None, gpus: str, note: str | None
+) -> None:
+    path = fake_nvidia_smi(tmp_path / "bin", script) if script else {"PATH": str(tmp_path / "empty")}
+    result = init("run", "--image", IMAGE, cwd=tmp_path, env=path)
+    assert result.returncode == 0, result.stderr
+    assert env_values(tmp_path / "run" / ".env")["VERLBOX_GPUS"] == gpus
+    assert [line for line in result.stderr.splitlines() if "nvidia-smi" in line] == ([note] if note else [])
+    assert f", {gpus} GPU" in result.stderr
+
+
+def test_env_example_documents_what_init_writes_and_every_compose_variable(tmp_path: Path) -> None:
+    assert init("run", "--image", IMAGE, cwd=tmp_path).returncode == 0
+    written = (tmp_path / "run" / ".env").read_text()
+    example = (REPO / ".env.example").read_text()
+    assert written.startswith(ENV_HEADER)
+
+    def without_header_and_values(text: str) -> list[str]:
+        body = text.split("\n\n", 1)[1]
+        return [line.split("=", 1)[0] for line in body.splitlines()]
+
+    # the same keys, in the same order, under the same comments
+    assert without_header_and_values(written) == without_header_and_values(example)
+    compose_variables = set(re.findall(r"\$\{(\w+)", (REPO / "compose.yaml").read_text()))
+    assert compose_variables <= set(env_values(REPO / ".env.example"))
+    # the note without an image promises that `verlbox build p40` makes the example's image
+    assert env_values(REPO / ".env.example")["VERLBOX_IMAGE"] == default_tag(BuildPlan(load_recipe("p40")))
+
+
+def test_the_newest_tagged_image_wins_and_staging_tags_never_do() -> None:
+    listed = [
+        {"Created": 100, "RepoTags": ["verlbox/p40:0.1.0"]},
+        {"Created": 300, "RepoTags": ["verlbox-build/p40:123-abc-host"]},  # a build still running
+        {"Created": 250, "RepoTags": ["<none>:<none>"]},
+        {"Created": 200, "RepoTags": ["verlbox/p40-cu124:0.1.0", "mine/p40:latest"]},
+        {"Created": 200, "RepoTags": []},
+    ]
+    assert pick_newest(listed) == "mine/p40:latest"
+    assert pick_newest(listed[1:3]) is None
+
+
+def build_labelled(folder: Path, tag: str, epoch: int, label: bool) -> None:
+    """A two-byte image FROM scratch, dated EPOCH (BuildKit's SOURCE_DATE_EPOCH sets its Created)."""
+    folder.mkdir()
+    (folder / "marker").write_text(tag)
+    labels = "LABEL io.verlbox.recipe=init-test\n" if label else ""
+    (folder / "Dockerfile").write_text(f"FROM scratch\n{labels}COPY marker /marker\n")
+    docker("buildx", "build", "-q", "--load", "--build-arg", f"SOURCE_DATE_EPOCH={epoch}", "-t", tag, str(folder))
+
+
+@pytest.fixture
+def labelled_images(docker_engine: object, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Dated in 2096, so that they are newer than any image a build makes on this engine today."""
+    # tagged per process: another session's teardown on this engine never removes these
+    images = {"older": f"verlbox-test/init-older:{os.getpid()}", "newest": f"verlbox-test/init-newest:{os.getpid()}"}
+    unlabelled = f"verlbox-test/init-unlabelled:{os.getpid()}"
+    try:
+        build_labelled(tmp_path / "older", images["older"], 4_000_000_000, label=True)
+        build_labelled(tmp_path / "newest", images["newest"], 4_000_000_100, label=True)
+        build_labelled(tmp_path / "unlabelled", unlabelled, 4_000_000_200, label=False)
+        yield images
+    finally:
+        docker("image", "rm", *images.values(), unlabelled, check=False)
+
+
+@pytest.mark.docker
+def test_init_picks_the_newest_verlbox_image_on_the_engine(tmp_path: Path, labelled_images: dict[str, str]) -> None:
+    result = run_verlbox("init", "run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert env_values(tmp_path / "run" / ".env")["VERLBOX_IMAGE"] == labelled_images["newest"]
+    assert not [line for line in result.stderr.splitlines() if "VERLBOX_IMAGE" in line]
