@@ -1,29 +1,45 @@
-"""`verlbox shell` hands over to `docker compose run` on the train service (the exec is the faked boundary)."""
+"""`verlbox shell`: `docker compose run --rm` on the train service, checked first, cleaned up after.
+
+The command it builds is checked through the CLI with the run itself faked; the checks, the --no-gpu
+run and the cleanup run the installed verlbox against the real engine with a tiny local image (three
+hand-made static executables, imported without a registry).
+"""
 
 from __future__ import annotations
 
+import io
 import os
+import platform
+import shutil
+import struct
+import subprocess
+import tarfile
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, docker, run_verlbox
 from verlbox import cli
+from verlbox.host import shell
+from verlbox.host.doctor import NVIDIA_HOOK, SERVICE_PATH
 
-
-class Exec(BaseException):  # not an Exception: the CLI turns those into one-line errors
-    pass
+RUN_FOLDERS = ("models", "data", "checkpoints", "hf-cache")
 
 
 @pytest.fixture
 def captured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, object]:
+    """What `verlbox shell` would run (and its --no-gpu override's text), without an engine."""
     seen: dict[str, object] = {}
 
-    def fake_execvpe(file: str, args: list[str], env: dict[str, str]) -> None:
-        seen.update(file=file, args=args, env=env)
-        raise Exec
+    def fake_run(args: object, run: shell.ComposeRun) -> int:
+        files = [Path(word) for before, word in zip(run.compose, run.compose[1:], strict=False) if before == "-f"]
+        seen.update(run=run, args=run.command, env=run.environment, files=files)
+        seen.update(overrides=[file.read_text() for file in files[1:]])
+        return 7
 
-    monkeypatch.setattr(os, "execvpe", fake_execvpe)
+    monkeypatch.setattr(shell, "run_checked", fake_run)
     monkeypatch.chdir(tmp_path)
     for variable in ("VERLBOX_IMAGE", "VERLBOX_UID", "VERLBOX_GID"):
         monkeypatch.delenv(variable, raising=False)
@@ -31,18 +47,17 @@ def captured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, objec
 
 
 def run(*argv: str) -> None:
-    with pytest.raises(Exec):
-        cli.main(["shell", *argv])
+    assert cli.main(["shell", *argv]) == 7  # the run's exit code is verlbox's
 
 
 def test_interactive_shell_uses_the_train_service_in_the_users_folder(captured: dict, tmp_path: Path) -> None:
     run("p40-cu124")
-    args = captured["args"]
     compose = ["compose", "-f", str(REPO / "compose.yaml"), "--project-directory", str(tmp_path), "run", "--rm"]
-    assert args[1:] == [*compose, "--entrypoint", "bash", "train"]
+    assert captured["args"][1:] == [*compose, "--entrypoint", "bash", "train"]
     env = captured["env"]
     assert env["VERLBOX_IMAGE"] == "verlbox/p40-cu124:0.1.0"
     assert (env["VERLBOX_UID"], env["VERLBOX_GID"]) == (str(os.getuid()), str(os.getgid()))
+    assert captured["overrides"] == []  # the GPU reservation stays
 
 
 def test_one_command_after_the_double_dash(captured: dict) -> None:
@@ -66,3 +81,220 @@ def test_without_a_recipe_the_dotenv_decides(captured: dict, tmp_path: Path) -> 
     assert "VERLBOX_IMAGE" not in env and "VERLBOX_UID" not in env
     assert env["VERLBOX_GID"] == str(os.getgid())
     assert captured["args"][3] == str(tmp_path / "compose.yaml")  # the folder's own compose file wins
+
+
+def test_no_gpu_adds_one_override_that_resets_the_reservation(captured: dict, tmp_path: Path) -> None:
+    run("--no-gpu", "--image", "mine:1", "--", "true")
+    files = captured["files"]
+    assert files[0] == REPO / "compose.yaml" and len(files) == 2
+    assert captured["overrides"] == [shell.NO_GPU_OVERRIDE]
+    assert captured["args"][-3:] == ["--entrypoint", "true", "train"]
+    assert not files[1].exists()  # a temporary file, gone after the run
+
+
+def test_a_missing_image_names_the_recipe_that_builds_it() -> None:
+    assert shell.missing_image_fix("verlbox/p40:0.1.0", None) == "build it first: verlbox build p40"
+    assert shell.missing_image_fix("verlbox/p40-cu124:0.1.0", "p40-cu124") == "build it first: verlbox build p40-cu124"
+    assert shell.missing_image_fix("mine:1", "p40") == "build it first: verlbox build p40 --tag mine:1"
+    assert (
+        shell.missing_image_fix("mine:1", None)
+        == "build it first (verlbox build RECIPE --tag mine:1) or load it (docker load)"
+    )
+
+
+def test_only_bind_mounts_docker_may_not_create_are_required(tmp_path: Path) -> None:
+    (tmp_path / "here").mkdir()
+    volumes = [
+        {"type": "bind", "source": str(tmp_path / "here"), "bind": {}},
+        {"type": "bind", "source": str(tmp_path / "absent"), "bind": {}},
+        {"type": "bind", "source": str(tmp_path / "made"), "bind": {"create_host_path": True}},
+        {"type": "volume", "source": "named"},
+    ]
+    assert shell.missing_mounts({"volumes": volumes}) == [str(tmp_path / "absent")]
+
+
+class FakeNetwork:
+    def __init__(self, name: str, removed: list[str]) -> None:
+        self.name, self.removed = name, removed
+
+    def remove(self) -> None:
+        self.removed.append(self.name)
+
+
+class FakeEngine:
+    """The docker SDK calls the cleanup makes: the project's containers and networks."""
+
+    def __init__(self, containers: list[str], networks: list[str]) -> None:
+        self.removed: list[str] = []
+        self.containers = SimpleNamespace(list=lambda **filters: containers)
+        nets = [FakeNetwork(name, self.removed) for name in networks]
+        self.networks = SimpleNamespace(list=lambda **filters: nets)
+
+
+def test_cleanup_removes_only_networks_made_for_the_run_and_only_when_no_container_remains() -> None:
+    engine = FakeEngine([], ["p_default", "p_other"])
+    shell.remove_networks_made(engine, "p", before={"p_other"})
+    assert engine.removed == ["p_default"]
+    # a train started meanwhile (running or stopped) may use it: Docker would let a stopped one's go
+    engine = FakeEngine(["a train"], ["p_default"])
+    shell.remove_networks_made(engine, "p", before=set())
+    assert engine.removed == []
+
+
+# --- against the real engine ---
+
+
+def _exit(code: int) -> bytes:
+    return b"\xbf" + struct.pack("<I", code) + b"\xb8\x3c\x00\x00\x00\x0f\x05"  # mov edi, CODE; exit
+
+
+PAUSE = b"\xb8\x22\x00\x00\x00\x0f\x05" + _exit(0)  # pause() until a signal, then exit(0)
+
+
+def _static_executable(code_bytes: bytes) -> bytes:
+    """A complete x86-64 Linux executable running CODE_BYTES: an ELF header and one loaded segment."""
+    base, start = 0x400000, 64 + 56
+    size = start + len(code_bytes)
+    header = struct.pack(
+        "<4sBBBBB7xHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, 0, 2, 62, 1, base + start, 64, 0, 0, 64, 56, 1, 0, 0, 0
+    )
+    segment = struct.pack("<IIQQQQQQ", 1, 5, 0, base, base, size, size, 0x1000)
+    return header + segment + code_bytes
+
+
+@pytest.fixture(scope="module")
+def tiny_image(docker_engine: object, compose_cli: None) -> Iterator[str]:
+    """An image holding only /bin/true, /bin/false and /bin/pause, made here; removed afterwards."""
+    if platform.machine() != "x86_64":
+        pytest.skip("the tiny test image's executables are x86-64 code")
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for name, code in (("bin/true", _exit(0)), ("bin/false", _exit(1)), ("bin/pause", PAUSE)):
+            data = _static_executable(code)
+            member = tarfile.TarInfo(name)
+            member.size, member.mode = len(data), 0o755
+            tar.addfile(member, io.BytesIO(data))
+    image = f"verlbox-test/shell-tiny:{os.getpid()}"
+    subprocess.run(["docker", "import", "-", image], input=archive.getvalue(), check=True, capture_output=True)
+    yield image
+    docker("image", "rm", image)
+
+
+def engine_state() -> tuple[list[str], list[str]]:
+    networks = docker("network", "ls", "--format", "{{.Name}}").stdout.split()
+    containers = docker("ps", "-a", "--format", "{{.ID}} {{.Names}} {{.Status}}").stdout.splitlines()
+    return sorted(networks), sorted(containers)
+
+
+@pytest.fixture
+def run_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / f"shelltest{os.getpid()}"  # the compose project is named after it
+    for name in RUN_FOLDERS:
+        (folder / name).mkdir(parents=True)
+    return folder
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("verlbox: error: "), result.stderr
+    return lines[0]
+
+
+def test_a_missing_image_is_one_line_and_creates_nothing(tiny_image: str, run_folder: Path) -> None:
+    before = engine_state()
+    absent = f"verlbox-test/absent:{os.getpid()}"
+    line = one_error_line(run_verlbox("shell", "--image", absent, "--", "true", cwd=run_folder))
+    assert line == (
+        f"verlbox: error: {absent} is not on this engine: "
+        f"build it first (verlbox build RECIPE --tag {absent}) or load it (docker load)"
+    )
+    (run_folder / ".env").write_text(f"VERLBOX_IMAGE={absent}\n")  # no recipe, no --image: the .env's image
+    line = one_error_line(run_verlbox("shell", "--no-gpu", cwd=run_folder))
+    assert line.startswith(f"verlbox: error: {absent} is not on this engine")
+    assert engine_state() == before
+
+
+def test_without_a_recipe_or_dotenv_compose_default_is_checked_not_pulled(tiny_image: str, run_folder: Path) -> None:
+    before = engine_state()
+    result = run_verlbox("shell", "--no-gpu", "--", "true", cwd=run_folder)
+    if docker("image", "inspect", "verlbox/p40:0.1.0", check=False).returncode == 0:
+        assert result.returncode == 0, result.stderr  # built here earlier: it runs
+    else:
+        line = one_error_line(result)
+        assert line == "verlbox: error: verlbox/p40:0.1.0 is not on this engine: build it first: verlbox build p40"
+    assert engine_state() == before
+
+
+def test_without_the_nvidia_runtime_one_line_names_it_and_no_gpu(tiny_image: str, run_folder: Path) -> None:
+    if shutil.which(NVIDIA_HOOK, path=os.pathsep.join((os.environ["PATH"], SERVICE_PATH))):
+        pytest.skip(f"this host has {NVIDIA_HOOK}: the missing-runtime refusal cannot be seen here")
+    before = engine_state()
+    line = one_error_line(run_verlbox("shell", "--image", tiny_image, "--", "true", cwd=run_folder))
+    assert line.startswith(f"verlbox: error: no {NVIDIA_HOOK} on the Docker daemon's PATH")
+    assert "nvidia-ctk runtime configure --runtime=docker" in line
+    assert line.endswith("; or `verlbox shell --no-gpu` to start without a GPU")
+    assert engine_state() == before
+
+
+def test_missing_run_folders_are_named_before_anything_starts(tiny_image: str, tmp_path: Path) -> None:
+    before = engine_state()
+    line = one_error_line(run_verlbox("shell", "--no-gpu", "--image", tiny_image, "--", "true", cwd=tmp_path))
+    assert f"the train service mounts {tmp_path / 'models'}, {tmp_path / 'data'}," in line
+    assert "mkdir -p" in line
+    assert engine_state() == before
+
+
+def test_no_gpu_runs_the_image_and_leaves_nothing_behind(tiny_image: str, run_folder: Path) -> None:
+    before = engine_state()
+    result = run_verlbox("shell", "--no-gpu", "--image", tiny_image, "--", "true", cwd=run_folder)
+    assert result.returncode == 0, result.stderr
+    assert engine_state() == before
+    failing = run_verlbox("shell", "--no-gpu", "--image", tiny_image, "--", "false", cwd=run_folder)
+    # the command's own exit code: a container really ran
+    assert failing.returncode == 1 and "verlbox: error" not in failing.stderr
+    assert engine_state() == before
+
+
+def test_no_gpu_keeps_trains_mounts_user_and_environment(compose_cli: None, run_folder: Path, tmp_path: Path) -> None:
+    override = tmp_path / "no-gpu.yaml"
+    override.write_text(shell.NO_GPU_OVERRIDE)
+    args = cli.build_parser().parse_args(["shell", "--image", "mine:1"])
+    environ = {"PATH": os.environ["PATH"]}
+    plain = shell.resolved_project(shell.shell_command(args, run_folder, environ))["services"]["train"]
+    no_gpu = shell.resolved_project(shell.shell_command(args, run_folder, environ, override))["services"]["train"]
+    assert plain["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+    assert "deploy" not in no_gpu
+    assert {key: value for key, value in plain.items() if key != "deploy"} == no_gpu
+    assert no_gpu["user"] == f"{os.getuid()}:{os.getgid()}" and no_gpu["image"] == "mine:1"
+
+
+@pytest.mark.parametrize(
+    "start",
+    [["run", "-d", "--entrypoint", "pause", "train"], ["create", "train"]],
+    ids=["running", "stopped"],  # a stopped container does not stop Docker removing its network: verlbox must
+)
+def test_a_train_of_the_project_and_its_network_are_left_alone(
+    tiny_image: str, run_folder: Path, start: list[str]
+) -> None:
+    project = run_folder.name
+    environment = os.environ | {"VERLBOX_IMAGE": tiny_image, "VERLBOX_UID": str(os.getuid())}
+    override = run_folder.parent / "no-gpu.yaml"
+    override.write_text(shell.NO_GPU_OVERRIDE)
+    compose = ["docker", "compose", "-f", str(REPO / "compose.yaml"), "-f", str(override)]
+    compose += ["--project-directory", str(run_folder)]
+    started = subprocess.run([*compose, *start], env=environment, capture_output=True, text=True)
+    label = f"label=com.docker.compose.project={project}"
+    try:
+        assert started.returncode == 0, started.stderr
+        trains = docker("ps", "-a", "--filter", label, "--format", "{{.ID}} {{.State}}").stdout.splitlines()
+        assert len(trains) == 1
+        result = run_verlbox("shell", "--no-gpu", "--image", tiny_image, "--", "true", cwd=run_folder)
+        assert result.returncode == 0, result.stderr
+        assert docker("ps", "-a", "--filter", label, "--format", "{{.ID}} {{.State}}").stdout.splitlines() == trains
+        assert f"{project}_default" in docker("network", "ls", "--format", "{{.Name}}").stdout.split()
+    finally:
+        # pause is PID 1, which ignores SIGTERM: kill it rather than wait out the grace period
+        for container in docker("ps", "-a", "-q", "--filter", label).stdout.split():
+            docker("rm", "-f", container)
+        subprocess.run([*compose, "down"], env=environment, check=True, capture_output=True)

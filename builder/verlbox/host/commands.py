@@ -242,9 +242,9 @@ def smoke(args: argparse.Namespace) -> int:
     image = image_for(args)
     require_image(image, f"build it first: verlbox build {args.recipe}" + ("" if args.image else " (or pass --image)"))
     if args.gpu:
-        from verlbox.host.doctor import require_gpu_runtime
+        from verlbox.host.doctor import require_nvidia_runtime
 
-        require_gpu_runtime("verlbox smoke --gpu")
+        require_nvidia_runtime("; or run the CPU tier alone: verlbox smoke without --gpu")
     command = [require_cli(), "run", "--rm", "--shm-size", "2g"]
     command += ["--gpus", "all"] if args.gpu else []
     command += [image, "smoke-checks", "--json", "-"] + (["--gpu"] if args.gpu else [])

@@ -1,0 +1,253 @@
+"""`verlbox doctor`: the host's engine, plugins, NVIDIA runtime and GPUs, and the recipe that fits each GPU.
+
+The verdicts are plain functions of facts (tested directly); the command itself runs as a subprocess
+against the real engine, with a fake nvidia-smi (and, where a passing host is wanted, a fake
+nvidia-container-runtime-hook) first on PATH.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import run_verlbox
+from verlbox.host.doctor import (
+    FAILED,
+    NVIDIA_HOOK,
+    PASSED,
+    WARNING,
+    Gpu,
+    GpuQueryError,
+    RuntimeFacts,
+    driver_support,
+    gpu_findings,
+    nvidia_runtime_finding,
+    parse_nvidia_smi,
+    recipe_finding,
+)
+from verlbox.host.recipe import load_recipe, recipe_names
+
+P40_535 = "0, Tesla P40, 6.1, 24576, 535.183.01"
+P40_550 = "0, Tesla P40, 6.1, 24576, 550.54.14"
+H200 = "0, NVIDIA H200, 9.0, 143771, 580.159.04"
+NO_GPU = None
+
+
+def recipes() -> list:
+    return [load_recipe(name) for name in recipe_names()]
+
+
+def gpu(capability: str, driver: str, name: str = "Tesla P40") -> Gpu:
+    return Gpu("0", name, capability, 24576, driver)
+
+
+# --- the verdicts, fed facts ---
+
+
+def test_nvidia_smi_rows_are_parsed_and_a_strange_row_is_named() -> None:
+    gpus = parse_nvidia_smi(f"{P40_535}\n1, NVIDIA H200, 9.0, 143771, 580.159.04\n\n")
+    assert gpus == [
+        Gpu("0", "Tesla P40", "6.1", 24576, "535.183.01"),
+        Gpu("1", "NVIDIA H200", "9.0", 143771, "580.159.04"),
+    ]
+    line = 'Field "compute_cap" is not a valid field to query.'
+    with pytest.raises(GpuQueryError, match=re.escape(f"nvidia-smi printed an unexpected row: {line!r}")):
+        parse_nvidia_smi(line + "\n")
+
+
+def test_driver_floors_come_from_the_cuda_table() -> None:
+    assert driver_support("550.54.14", "12.4") == (True, "")
+    runs, note = driver_support("535.183.01", "12.4")
+    assert runs and "minor-version compatibility (>= 525.60.13)" in note and "full support from 550.54.14" in note
+    assert driver_support("535.183.01", "11.8") == (True, "")
+    assert driver_support("515.105.01", "12.4") == (False, "needs driver >= 525.60.13, full support from 550.54.14")
+    assert driver_support("440.33.01", "11.8")[0] is False
+
+
+def test_p40_with_driver_535_gets_both_recipes_one_through_compatibility() -> None:
+    finding = recipe_finding(gpu("6.1", "535.183.01"), recipes())
+    assert finding.status == PASSED
+    assert finding.detail.startswith("p40 (CUDA 11.8); p40-cu124 (CUDA 12.4, through CUDA minor-version compat")
+    assert "full support from 550.54.14" in finding.detail
+
+
+def test_p40_with_driver_550_gets_both_recipes_plainly() -> None:
+    finding = recipe_finding(gpu("6.1", "550.54.14"), recipes())
+    assert (finding.status, finding.detail) == (PASSED, "p40 (CUDA 11.8); p40-cu124 (CUDA 12.4)")
+
+
+def test_p40_with_an_old_driver_gets_only_what_it_can_run() -> None:
+    finding = recipe_finding(gpu("6.1", "520.61.05"), recipes())
+    assert finding.status == PASSED
+    assert finding.detail == (
+        "p40 (CUDA 11.8); not p40-cu124 (CUDA 12.4, needs driver >= 525.60.13, full support from 550.54.14)"
+    )
+    too_old = recipe_finding(gpu("6.1", "418.226.00"), recipes())
+    assert too_old.status == FAILED and "too old for every recipe" in too_old.detail and "R580" in too_old.fix
+
+
+def test_a_gpu_no_recipe_targets_is_named_with_its_capability() -> None:
+    finding = recipe_finding(gpu("9.0", "580.159.04", "NVIDIA H200"), recipes())
+    assert finding.status == FAILED
+    assert finding.detail.startswith("no shipped recipe targets compute capability 9.0 (NVIDIA H200;")
+    assert "target_gpus: ['9.0']" in finding.fix
+
+
+@pytest.mark.parametrize(
+    ("facts", "status", "words"),
+    [
+        (RuntimeFacts(True, frozenset({"runc"}), "/usr/bin/" + NVIDIA_HOOK, None), PASSED, "/usr/bin/" + NVIDIA_HOOK),
+        (RuntimeFacts(True, frozenset({"runc"}), None, None), FAILED, f"no {NVIDIA_HOOK} on the Docker daemon's PATH"),
+        (RuntimeFacts(True, frozenset({"runc", "nvidia"}), None, None), FAILED, "an nvidia runtime is registered"),
+        (RuntimeFacts(True, frozenset({"runc"}), None, "/usr/bin/nvidia-ctk"), FAILED, "only the toolkit's base"),
+        (RuntimeFacts(False, frozenset({"nvidia"}), None, None), PASSED, "lists an nvidia runtime"),
+        (RuntimeFacts(False, frozenset({"runc"}), None, None), WARNING, "cannot be checked from here"),
+    ],
+)
+def test_nvidia_runtime_verdicts(facts: RuntimeFacts, status: str, words: str) -> None:
+    finding = nvidia_runtime_finding(facts)
+    assert finding.status == status and words in finding.detail
+    if status == FAILED:
+        assert "nvidia-ctk runtime configure --runtime=docker" in finding.fix and "restart Docker" in finding.fix
+
+
+def test_a_gpu_without_a_recipe_is_only_a_warning_beside_one_with_a_recipe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(
+        "verlbox.host.doctor.query_gpus", lambda: [gpu("6.1", "550.54.14"), Gpu("1", "NVIDIA H200", "9.0", 1, "580")]
+    )
+    statuses = {finding.check: finding.status for finding in gpu_findings(recipes())}
+    assert statuses == {"GPU 0": PASSED, "recipe for GPU 0": PASSED, "GPU 1": PASSED, "recipe for GPU 1": WARNING}
+
+
+# --- the command, against the real engine ---
+
+
+def _executable(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def doctor(tmp_path: Path, nvidia_smi: str | None, hook: bool) -> subprocess.CompletedProcess[str]:
+    """`verlbox doctor` with PATH holding only docker and the fakes: no real nvidia-smi can answer."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    docker = shutil.which("docker")
+    assert docker is not None
+    (bin_dir / "docker").symlink_to(docker)
+    if nvidia_smi is not None:
+        _executable(bin_dir / "nvidia-smi", f"#!/bin/sh\necho '{nvidia_smi}'\n")
+    if hook:
+        _executable(bin_dir / NVIDIA_HOOK, "#!/bin/sh\nexit 0\n")
+    return run_verlbox("doctor", env={"PATH": str(bin_dir)})
+
+
+def rows(output: str) -> dict[str, tuple[str, str]]:
+    """check -> (result, detail) from the printed table."""
+    table = {}
+    for line in output.splitlines():
+        cells = [cell.strip() for cell in line.strip("│ ").split("│")]
+        if len(cells) == 3 and cells[1] in (PASSED, FAILED, WARNING, "skipped"):
+            table[cells[0]] = (cells[1], cells[2])
+    return table
+
+
+def test_real_engine_passes_and_the_missing_nvidia_runtime_fails_with_its_fix(
+    docker_engine: object, compose_cli: None, tmp_path: Path
+) -> None:
+    if shutil.which(NVIDIA_HOOK, path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"):
+        pytest.skip(f"this host has {NVIDIA_HOOK}: the missing-runtime verdict cannot be seen here")
+    result = doctor(tmp_path, P40_550, hook=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    table = rows(result.stdout)
+    assert table["Docker engine"][0] == PASSED and table["Docker engine"][1].startswith("Docker Engine ")
+    assert table["buildx"][0] == PASSED and table["compose"][0] == PASSED
+    assert table["NVIDIA runtime"] == (
+        FAILED,
+        f"no {NVIDIA_HOOK} on the Docker daemon's PATH, so Docker cannot give containers a GPU",
+    )
+    fixes = [line for line in result.stdout.splitlines() if line.startswith("NVIDIA runtime: ")]
+    assert fixes == [
+        "NVIDIA runtime: install the NVIDIA Container Toolkit (package nvidia-container-toolkit), run "
+        "`sudo nvidia-ctk runtime configure --runtime=docker`, then restart Docker (`sudo systemctl restart docker`)"
+    ]
+    assert table["recipe for GPU 0"] == (PASSED, "p40 (CUDA 11.8); p40-cu124 (CUDA 12.4)")  # the GPU itself is fine
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("nvidia_smi", "returncode", "verdict"),
+    [
+        (
+            P40_535,
+            0,
+            (
+                PASSED,
+                "p40 (CUDA 11.8); p40-cu124 (CUDA 12.4, through CUDA minor-version compatibility (>= 525.60.13), "
+                "full support from 550.54.14)",
+            ),
+        ),
+        (P40_550, 0, (PASSED, "p40 (CUDA 11.8); p40-cu124 (CUDA 12.4)")),
+        (
+            H200,
+            1,
+            (
+                FAILED,
+                "no shipped recipe targets compute capability 9.0 (NVIDIA H200; the shipped ones target 6.1)",
+            ),
+        ),
+    ],
+    ids=["p40-driver-535", "p40-driver-550", "h200"],
+)
+def test_recipe_verdict_and_exit_code_per_gpu(
+    docker_engine: object, compose_cli: None, tmp_path: Path, nvidia_smi: str, returncode: int, verdict: tuple
+) -> None:
+    result = doctor(tmp_path, nvidia_smi, hook=True)
+    table = rows(result.stdout)
+    assert result.returncode == returncode, result.stdout + result.stderr
+    assert table["NVIDIA runtime"][0] == PASSED
+    assert table["recipe for GPU 0"] == verdict
+    name, capability, memory, driver = nvidia_smi.split(", ")[1:]
+    gib = f"{int(memory) / 1024:.1f} GiB"
+    assert table["GPU 0"] == (PASSED, f"{name}, compute capability {capability}, {gib}, driver {driver}")
+    fixes = [line for line in result.stdout.splitlines() if line.startswith("recipe for GPU 0: ")]
+    if returncode:
+        assert fixes == [
+            "recipe for GPU 0: write a recipe with target_gpus: ['9.0'] (README: Recipes), "
+            "or use a GPU of compute capability 6.1"
+        ]
+    else:
+        assert fixes == []
+
+
+def test_no_nvidia_smi_at_all_says_so(docker_engine: object, compose_cli: None, tmp_path: Path) -> None:
+    result = doctor(tmp_path, NO_GPU, hook=True)
+    assert result.returncode == 1
+    table = rows(result.stdout)
+    assert table["GPUs"] == (FAILED, "no nvidia-smi on PATH: no NVIDIA driver on this host")
+    assert not any(check.startswith("recipe for") for check in table)
+    assert "GPUs: install the NVIDIA driver so that `nvidia-smi` works" in result.stdout
+
+
+def test_a_failing_nvidia_smi_is_one_row(docker_engine: object, compose_cli: None, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "fake"
+    bin_dir.mkdir()
+    _executable(
+        bin_dir / "nvidia-smi",
+        "#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'\nexit 9\n",
+    )
+    docker = shutil.which("docker")
+    assert docker is not None
+    (bin_dir / "docker").symlink_to(docker)
+    result = run_verlbox("doctor", env={"PATH": str(bin_dir)})
+    assert result.returncode == 1
+    assert rows(result.stdout)["GPUs"] == (
+        FAILED,
+        "nvidia-smi failed (exit 9): NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.",
+    )
