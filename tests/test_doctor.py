@@ -251,3 +251,16 @@ def test_a_failing_nvidia_smi_is_one_row(docker_engine: object, compose_cli: Non
         FAILED,
         "nvidia-smi failed (exit 9): NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.",
     )
+
+
+def test_a_host_without_docker_gets_rows_not_a_traceback(tmp_path: Path) -> None:
+    """As on the lent GPU machine: a driver and a GPU, no Docker at all (docs/gpu-runs/doctor-h200.txt)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _executable(bin_dir / "nvidia-smi", f"#!/bin/sh\necho '{P40_550}'\n")
+    result = run_verlbox("doctor", env={"PATH": str(bin_dir)})
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "internal error" not in result.stderr
+    table = rows(result.stdout)
+    assert table["Docker engine"] == (FAILED, "no docker command on PATH")
+    assert table["buildx"][0] == FAILED and table["compose"][0] == FAILED
+    assert table["recipe for GPU 0"][0] == PASSED

@@ -290,6 +290,8 @@ def engine_finding() -> tuple[Finding, Any | None]:
 
 
 def _plugin_version(*words: str) -> str | None:
+    if shutil.which("docker") is None:  # the engine row says how to install it
+        return None
     run = subprocess.run(["docker", *words], capture_output=True, text=True, timeout=60, check=False)
     return run.stdout.strip() if run.returncode == 0 and run.stdout.strip() else None
 
