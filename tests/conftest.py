@@ -13,7 +13,23 @@ from typing import Any
 
 import pytest
 
+from standins import closed_port_url
+
 REPO = Path(__file__).resolve().parents[1]
+# tests never reach an upstream: a source archive missing from the cache is "fetched" from a port
+# where nothing listens, and fails in one line (tests/test_archives.py serves its own)
+os.environ.setdefault("VERLBOX_SOURCES_URL", closed_port_url())
+
+
+@pytest.fixture(scope="session")
+def sources_dir() -> Path:
+    """The project's shared source archives, Apex's among them (.ci/run sets VERLBOX_SOURCES)."""
+    folder = os.environ.get("VERLBOX_SOURCES")
+    if not folder or not any(Path(folder).glob("apex-*.tar.gz")):
+        if os.environ.get("CI"):
+            pytest.fail("CI sets VERLBOX_SOURCES to the shared source archives")
+        pytest.skip("VERLBOX_SOURCES does not name a folder with Apex's pinned archive")
+    return Path(folder)
 
 
 @pytest.fixture(scope="session")

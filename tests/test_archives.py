@@ -8,7 +8,6 @@ before the engine is needed, so what it left in the sources cache is what is che
 from __future__ import annotations
 
 import gzip
-import os
 from pathlib import Path
 
 import pytest
@@ -25,15 +24,8 @@ NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent.sock"}
 
 
 @pytest.fixture(scope="module")
-def pinned_archive() -> bytes:
-    """The project's own copy of Apex's archive (.ci/run points VERLBOX_SOURCES at it)."""
-    folder = os.environ.get("VERLBOX_SOURCES")
-    path = Path(folder) / PIN.name if folder else None
-    if path is None or not path.is_file():
-        if os.environ.get("CI"):
-            pytest.fail("CI sets VERLBOX_SOURCES to the shared source archives")
-        pytest.skip("VERLBOX_SOURCES does not hold Apex's pinned archive")
-    return path.read_bytes()
+def pinned_archive(sources_dir: Path) -> bytes:
+    return (sources_dir / PIN.name).read_bytes()
 
 
 def recompressed(archive: bytes, level: int) -> bytes:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 import pyarrow as pa
@@ -125,3 +127,55 @@ def test_cli_missing_files_exit_2_with_the_expected_layouts(tmp_path: Path) -> N
         "prepare-data", "gsm8k", "--source", str(jsonl_layout(tmp_path / "s")), "--out", str(tmp_path / "o")
     )
     assert ok.returncode == 0 and "train.parquet: 2 rows" in ok.stdout
+
+
+def hide_modules(tmp_path: Path, *names: str) -> dict[str, str]:
+    """The environment of a Python that cannot import NAMES, as on a host without them (a sitecustomize)."""
+    shim = tmp_path / "hidden-modules"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(f"import sys\n\nfor name in {names!r}:\n    sys.modules[name] = None\n")
+    return {"PYTHONPATH": str(shim)}
+
+
+def test_cli_without_pyarrow_says_what_to_do(tmp_path: Path) -> None:
+    source = jsonl_layout(tmp_path / "s")
+    result = run_verlbox(
+        "prepare-data",
+        "gsm8k",
+        "--source",
+        str(source),
+        "--out",
+        str(tmp_path / "o"),
+        env=hide_modules(tmp_path, "pyarrow"),
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        "verlbox: error: prepare-data needs pyarrow, which is not installed here: `pip install pyarrow`, "
+        "or let `train` prepare the data in the image on first start\n"
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def test_parquet_files_get_the_mode_an_ordinary_write_gives(tmp_path: Path) -> None:
+    source = jsonl_layout(tmp_path / "source")
+    umask = os.umask(0o027)
+    try:
+        prepare_gsm8k(source, tmp_path / "out")
+        (tmp_path / "out" / "train.parquet").chmod(0o604)
+        (source / "train.jsonl").write_text(json.dumps(ROWS["train"][0]) + "\n")
+        assert prepare_gsm8k(source, tmp_path / "out")["train"] == (1, True)
+    finally:
+        os.umask(umask)
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in (tmp_path / "out").iterdir()}
+    # a new file: 0666 less the umask (not mkstemp's 0600); a rewritten one keeps the mode it had
+    assert modes == {"train.parquet": 0o604, "test.parquet": 0o640, "validation.parquet": 0o640}
+
+
+def test_cli_out_that_is_a_file_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    source = jsonl_layout(tmp_path / "s")
+    out = tmp_path / "gsm8k.parquet"
+    out.write_text("mine")
+    result = run_verlbox("prepare-data", "gsm8k", "--source", str(source), "--out", str(out))
+    assert result.returncode == 2
+    assert result.stderr == f"verlbox: error: --out {out} is a file: give a folder for the parquet files\n"
+    assert out.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["gsm8k.parquet", "s"]

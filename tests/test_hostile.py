@@ -84,14 +84,14 @@ def test_valid_but_odd_values_reach_the_dockerfile_quoted(tmp_path: Path) -> Non
     assert "# costs $HOME" in text.splitlines()[1]
 
 
-def test_credentials_in_a_build_time_index_url_never_reach_the_context(tmp_path: Path) -> None:
+def test_credentials_in_a_build_time_index_url_never_reach_the_context(tmp_path: Path, sources_dir: Path) -> None:
     from verlbox.host.context import write_context
     from verlbox.host.sources import BuildSources
 
     plan = BuildPlan(load_recipe("p40"))
     context = tmp_path / "context"
     context.mkdir()
-    write_context(plan, context)
+    write_context(plan, context, BuildSources(archives=sources_dir))
     sources = BuildSources.from_options(
         None, "https://user:s3cr3t-t0ken@mirror.example/simple", "https://u:t@torch.example/cu118", {}
     )
@@ -196,9 +196,12 @@ def test_malformed_source_variables(variable: str, value: str) -> None:
     assert_refused(result)
 
 
-def test_a_recipe_with_a_torch_index_needs_its_url_before_building() -> None:
+def test_a_torch_index_verlbox_does_not_know_needs_its_url_before_building(tmp_path: Path) -> None:
+    shutil.copy(SHIPPED / "_verl-0.4.1.yaml", tmp_path / "_verl-0.4.1.yaml")
+    recipe = tmp_path / "rocm.yaml"
+    recipe.write_text((SHIPPED / "p40.yaml").read_text().replace("index: pytorch-cu118", "index: pytorch-rocm6"))
     env = {"VERLBOX_TORCH_INDEX_URL": "", "DOCKER_HOST": "unix:///nonexistent.sock"}
-    assert_refused(run_verlbox("build", "p40", env=env), "pytorch-cu118", "--torch-index-url")
+    assert_refused(run_verlbox("build", str(recipe), env=env), "'pytorch-rocm6' wheel index", "--torch-index-url")
 
 
 def test_an_interpolated_integer_override_is_named() -> None:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_verlbox
+from test_data import hide_modules
 from verlbox.runtime import preflight
 from verlbox.runtime.gpu import UnsupportedGpu, capability_for, has_code_for, rollout_backend
 from verlbox.runtime.preflight import GpuDevice, GpuFacts, NodeFacts
@@ -90,7 +92,9 @@ def test_memory_respects_the_emulation_cap() -> None:
 
 
 def test_model_folder_checks(tmp_path: Path) -> None:
-    assert "no config.json" in preflight.check_model(tmp_path / "nothing").detail
+    empty = preflight.check_model(tmp_path / "nothing").detail
+    assert "no config.json" in empty
+    assert f"`verlbox fetch model --out {tmp_path / 'nothing'}` (README: Model and data)" in empty
     (tmp_path / "config.json").write_text("{}")
     assert "no weights" in preflight.check_model(tmp_path).detail
 
@@ -156,3 +160,14 @@ def test_a_node_whose_probe_failed_is_named() -> None:
     nodes = [node("head (10.0.0.1)", P40), NodeFacts("w (10.0.0.2)", error="ModuleNotFoundError: verlbox")]
     check = preflight.check_cluster_probe(nodes)
     assert not check.ok and "w (10.0.0.2) (ModuleNotFoundError: verlbox)" in check.detail
+
+
+def test_train_on_a_host_without_the_stack_says_where_it_runs(tmp_path: Path) -> None:
+    result = run_verlbox("train", "--recipe", "p40-cu124", "--dry-run", env=hide_modules(tmp_path, "torch", "verl"))
+    assert result.returncode == 2
+    assert result.stderr == (
+        "verlbox: error: train runs inside the image (torch and verl not installed here): `docker compose up train` "
+        "in a run folder, or `verlbox shell -- verlbox train --dry-run` to see its command; "
+        "`verlbox overrides p40-cu124` checks its overrides here\n"
+    )
+    assert result.stdout == ""

@@ -10,7 +10,7 @@ from pathlib import Path
 from verlbox.errors import UsageError
 
 
-def _default_mode() -> int:
+def default_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
@@ -23,7 +23,7 @@ def write_atomically(path: Path, text: str, mode: int | None = None) -> None:
     either file whole. A path that cannot be written is bad input: one line, nothing left behind.
     """
     if mode is None:
-        mode = path.stat().st_mode & 0o7777 if path.is_file() else _default_mode()
+        mode = path.stat().st_mode & 0o7777 if path.is_file() else default_mode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

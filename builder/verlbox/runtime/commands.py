@@ -1,8 +1,11 @@
-"""The image side's commands: train, smoke-checks, prepare-data, patch-verl (dispatched by verlbox.cli)."""
+"""The image side's commands: train, smoke-checks, prepare-data, fetch, patch-verl (dispatched by verlbox.cli).
+
+fetch and prepare-data also run on the host; train and smoke-checks need the image's stack."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -26,14 +29,28 @@ def _spec(args: argparse.Namespace) -> ImageSpec:
     return spec
 
 
+def _missing(*modules: str) -> list[str]:
+    """The modules that are not installed here (find_spec: nothing is imported)."""
+    return [name for name in modules if importlib.util.find_spec(name) is None]
+
+
 def train(args: argparse.Namespace) -> int:
     from verlbox.runtime.memory_cap import gib_from_environment, parse_gib
-    from verlbox.runtime.train import train as run_training
 
+    # bad input is named wherever it is given; only then is this the wrong place to train
     spec = _spec(args)
     gib = (
         parse_gib(args.gpu_memory_gib, "--gpu-memory-gib") if args.gpu_memory_gib else gib_from_environment(os.environ)
     )
+    missing = _missing("torch", "verl")
+    if missing:
+        here = f"; `verlbox overrides {args.recipe}` checks its overrides here" if args.recipe else ""
+        raise UsageError(
+            f"train runs inside the image ({' and '.join(missing)} not installed here): `docker compose up train` "
+            f"in a run folder, or `verlbox shell -- verlbox train --dry-run` to see its command{here}"
+        )
+    from verlbox.runtime.train import train as run_training
+
     return run_training(
         spec,
         args.overrides,
@@ -46,11 +63,34 @@ def train(args: argparse.Namespace) -> int:
 
 
 def prepare_data(args: argparse.Namespace) -> int:
+    if _missing("pyarrow"):
+        raise UsageError(
+            "prepare-data needs pyarrow, which is not installed here: `pip install pyarrow`, or let `train` "
+            "prepare the data in the image on first start"
+        )
     from verlbox.runtime.data import prepare_gsm8k
 
     written = prepare_gsm8k(Path(args.source), Path(args.out), validation_size=args.validation_size)
     for name, (rows, changed) in written.items():
         out.print(f"{Path(args.out) / name}.parquet: {rows} rows{'' if changed else ' (unchanged)'}")
+    return 0
+
+
+def fetch(args: argparse.Namespace) -> int:
+    """The model or GSM8K into --out, as `train` fetches it on first start; a folder that already holds it
+    is checked against its record instead."""
+    from verlbox.runtime import hub
+
+    environ = dict(os.environ)
+    source = hub.source_from_environment(args.what, environ, args.repo, args.revision)
+    done = hub.ensure(
+        source,
+        Path(args.out),
+        hub.Hub.from_environment(environ),
+        lambda text: err.print(text, markup=False),
+        by_hand=False,
+    )
+    out.print(done, markup=False)
     return 0
 
 
@@ -66,12 +106,12 @@ def patch_verl(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_results(results: list) -> None:
+def print_results(results: list, console: Console = out) -> None:
     table = Table("tier", "check", "result", "detail")
     colours = {"passed": "green", "failed": "red", "skipped": "yellow"}
     for result in results:
         table.add_row(result.tier, result.name, f"[{colours[result.status]}]{result.status}[/]", result.detail)
-    out.print(table)
+    console.print(table)
 
 
 def smoke_checks(args: argparse.Namespace) -> int:

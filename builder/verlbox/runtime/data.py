@@ -1,8 +1,8 @@
 """GSM8K from a local download to verl's parquet rows, exactly as verl's own gsm8k preprocessing makes them.
 
-Accepted sources (no hub access is attempted): the hub's layout (main/train-*.parquet,
-main/test-*.parquet), a `datasets.save_to_disk` folder (dataset_dict.json + one folder per split),
-or train.jsonl / test.jsonl with `question` and `answer`.
+Accepted sources (no hub access is attempted here; `train` fetches a missing download first, see hub.py):
+the hub's layout (main/train-*.parquet, main/test-*.parquet), a `datasets.save_to_disk` folder
+(dataset_dict.json + one folder per split), or train.jsonl / test.jsonl with `question` and `answer`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from verlbox.errors import VerlboxError
+from verlbox.files import default_mode
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -98,10 +99,13 @@ def _write_parquet(rows: list[dict[str, object]], target: Path) -> bool:
     table = pa.Table.from_pylist(rows)
     if target.is_file() and pq.read_table(target).equals(table):
         return False
+    # mkstemp makes 0600 files: keep the old file's mode, or give the one an ordinary write would
+    mode = target.stat().st_mode & 0o7777 if target.is_file() else default_mode()
     fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
     try:
         pq.write_table(table, temporary)
+        os.chmod(temporary, mode)
         os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
@@ -116,10 +120,15 @@ def prepare_gsm8k(source: Path, out: Path, validation_size: int = 256) -> dict[s
     """
     if not source.exists():
         raise DataError(f"--source {source}: no such file or folder")
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} is a file: give a folder for the parquet files")
     splits = {}
     for split in SPLITS:
         path, rows = _read_split(source, split)
         splits[split] = _convert(path, rows, split)
     splits["validation"] = splits["test"][:validation_size]
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"--out {out}: cannot make this folder ({exc.strerror or exc})") from None
     return {name: (len(rows), _write_parquet(rows, out / f"{name}.parquet")) for name, rows in splits.items()}

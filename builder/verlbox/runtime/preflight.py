@@ -172,8 +172,8 @@ def check_model(model_dir: Path) -> Check:
         return Check(
             "model",
             False,
-            f"no model in {model_dir} (no config.json): mount a local "
-            "Qwen2.5-0.5B-Instruct download there (README: Getting the model)",
+            f"no model in {model_dir} (no config.json): empty it and `train` fetches the model, or fill it on "
+            f"a connected machine with `verlbox fetch model --out {model_dir}` (README: Model and data)",
         )
     if not any(model_dir.glob("*.safetensors")) and not any(model_dir.glob("pytorch_model*.bin")):
         return Check("model", False, f"{model_dir} has a config.json but no weights (*.safetensors)")

@@ -111,7 +111,8 @@ def _user_int(user: list[str], key: str) -> int | None:
 
 
 def train_environment(plan: TrainingPlan, environ: dict[str, str], gpu_memory_gib: float | None) -> dict[str, str]:
-    worker_env = dict(plan.environment)
+    # the model and data are on disk by now (prepare_inputs): verl and transformers never need the hub
+    worker_env = dict(plan.environment) | {"HF_HUB_OFFLINE": "1"}
     if gpu_memory_gib:
         worker_env["VERLBOX_GPU_MEMORY_GIB"] = f"{gpu_memory_gib:g}"
         worker_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITECUSTOMIZE_DIR), environ.get("PYTHONPATH")]))
