@@ -233,8 +233,11 @@ def _repo_info(source: Source, hub: Hub) -> Any:
 def _download(source: Source, commit: str, staging: Path, hub: Hub, say: Callable[[str], None]) -> None:
     """The files of COMMIT (not of the branch, which may move meanwhile) into STAGING, with progress bars."""
     import requests
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
 
+    # plain HTTP, not Xet: its partial files are the `.incomplete` ones in STAGING, which survive a
+    # restart beside the folder (Xet resumes from a cache under HF_HOME, which may not be kept)
+    constants.HF_HUB_DISABLE_XET = True
     for attempt in range(1, ATTEMPTS + 1):
         try:
             snapshot_download(
@@ -353,7 +356,10 @@ def _hub_errors(source: Source, folder: Path, hub: Hub, shown_as: str, kept: Pat
         for kind, reason in reasons:
             if isinstance(exc, kind):
                 raise _unavailable(source, folder, shown_as, reason(exc)) from None
-        raise
+        # a failure of the client this list does not know yet: still one sentence (VERLBOX_DEBUG=1 shows it whole)
+        raise _unavailable(
+            source, folder, shown_as, f"the download failed ({type(exc).__name__}: {_short(exc)})"
+        ) from exc
 
 
 def _cause(exc: BaseException, hub: Hub) -> str:
