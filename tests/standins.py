@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from base64 import b64encode
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,12 +19,22 @@ def closed_port_url() -> str:
 
 
 @contextmanager
-def serve_files(files: dict[str, bytes]) -> Iterator[str]:
-    """A plain HTTP server for FILES (path -> bytes); yields its base URL. Other paths: 404."""
+def serve_files(files: dict[str, bytes], *, basic_auth: str | None = None, fault: str | None = None) -> Iterator[str]:
+    """A plain HTTP server for FILES (path -> bytes); yields its base URL. Other paths: 404.
+
+    BASIC_AUTH ("user:password"): 401 without it. FAULT "truncated": the promised length, half the
+    bytes; "garbage": no HTTP at all in answer.
+    """
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = files.get(self.path)
+            if fault == "garbage":
+                self.wfile.write(b"this is not HTTP\r\n\r\n")
+                return
+            if basic_auth and self.headers.get("Authorization") != f"Basic {b64encode(basic_auth.encode()).decode()}":
+                self.send_error(401)
+                return
+            body = files.get(self.path.partition("?")[0])  # a token in the query is not part of the name
             if body is None:
                 self.send_error(404)
                 return
@@ -33,7 +44,7 @@ def serve_files(files: dict[str, bytes]) -> Iterator[str]:
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(body[: len(body) // 2] if fault == "truncated" else body)
 
         def log_message(self, format: str, *args: object) -> None:  # quiet: pytest shows failures
             pass

@@ -83,6 +83,33 @@ def test_a_failed_fetch_says_what_to_download_and_where_in_one_line(tmp_path: Pa
     assert not cache.exists() or list(cache.iterdir()) == []
 
 
+def test_a_mirror_with_a_password_gets_it_as_basic_auth_and_it_is_never_printed(
+    pinned_archive: bytes, tmp_path: Path
+) -> None:
+    with serve_files({f"/{PIN.name}": pinned_archive}, basic_auth="verlbox:s3cr3t") as url:
+        mirror = url.replace("http://", "http://verlbox:s3cr3t@") + "/?token=t0ken"
+        code, stderr = build_with_mirror(mirror, tmp_path / "with")
+        refused, refused_stderr = build_with_mirror(url, tmp_path / "without")
+    assert code == 1 and f"fetched {PIN.name} from {url}/{PIN.name}" in stderr  # then the missing engine
+    assert (tmp_path / "with" / PIN.name).read_bytes() == pinned_archive
+    assert refused == 1 and "Unauthorized" in refused_stderr
+    assert not any(secret in stderr + refused_stderr for secret in ("s3cr3t", "t0ken"))
+
+
+@pytest.mark.parametrize("fault", ["truncated", "garbage"])
+def test_a_broken_answer_is_a_failed_fetch_in_one_line(pinned_archive: bytes, tmp_path: Path, fault: str) -> None:
+    with serve_files({f"/{PIN.name}": pinned_archive}, fault=fault) as url:
+        code, stderr = build_with_mirror(url, tmp_path)
+    assert code == 1 and f"could not fetch {PIN.name}" in one_line(stderr) and "internal error" not in stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
 def test_a_local_archive_is_checked_and_never_fetched(pinned_archive: bytes, tmp_path: Path) -> None:
     (tmp_path / PIN.name).write_bytes(recompressed(pinned_archive, 9))
     code, stderr = build_with_mirror(closed_port_url(), tmp_path)  # fetching would fail
@@ -90,6 +117,7 @@ def test_a_local_archive_is_checked_and_never_fetched(pinned_archive: bytes, tmp
     (tmp_path / PIN.name).write_bytes(b"not gzip at all")
     code, stderr = build_with_mirror(closed_port_url(), tmp_path)
     assert code == 2 and "not gzip" in stderr and "refusing other source bytes" in stderr
+    assert "delete it to fetch it again" in stderr
 
 
 def test_check_archive_without_a_tar_pin_takes_the_exact_file_only(pinned_archive: bytes, tmp_path: Path) -> None:

@@ -9,11 +9,14 @@ passed, so the cache never holds bytes that were not checked.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
+import http.client
 import os
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 import zlib
 from dataclasses import dataclass
@@ -66,25 +69,65 @@ def _digests(path: Path) -> tuple[str, str | None]:
     return file_digest.hexdigest(), tar_digest.hexdigest()
 
 
-def check_archive(path: Path, pin: ArchivePin) -> AcceptedArchive:
-    file_sha256, tar_sha256 = _digests(path)
-    if file_sha256 == pin.sha256 or (pin.tar_sha256 is not None and tar_sha256 == pin.tar_sha256):
-        return AcceptedArchive(path, file_sha256)
+def _mismatch(pin: ArchivePin, file_sha256: str, tar_sha256: str | None) -> str:
     pinned = f"sha256 {pin.sha256}" + (f" or a tar stream of sha256 {pin.tar_sha256}" if pin.tar_sha256 else "")
     found = f"sha256 {file_sha256}" + (f", tar stream {tar_sha256}" if tar_sha256 else ", not gzip")
-    raise ArchiveRefused(f"{path}: {found}, but the recipe pins {pinned}: refusing other source bytes")
+    return f"{found}, but the recipe pins {pinned}: refusing other source bytes"
+
+
+def check_archive(path: Path, pin: ArchivePin) -> AcceptedArchive:
+    """An archive already in the cache (or a bundle): refused with what to do when its bytes are not the pinned ones."""
+    try:
+        file_sha256, tar_sha256 = _digests(path)
+    except OSError as exc:
+        raise ArchiveRefused(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if not _accepted(pin, file_sha256, tar_sha256):
+        raise ArchiveRefused(f"{path}: {_mismatch(pin, file_sha256, tar_sha256)} (delete it to fetch it again)")
+    return AcceptedArchive(path, file_sha256)
+
+
+def _accepted(pin: ArchivePin, file_sha256: str, tar_sha256: str | None) -> bool:
+    return file_sha256 == pin.sha256 or (pin.tar_sha256 is not None and tar_sha256 == pin.tar_sha256)
+
+
+def shown(url: str) -> str:
+    """URL as it may be printed: a mirror's user, password or query (a token) never reach a terminal or log."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+
+
+def mirror_url(base: str, name: str) -> str:
+    """NAME under a mirror's base URL; a query (a token) stays a query."""
+    parts = urllib.parse.urlsplit(base)
+    return urllib.parse.urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{name}"))
+
+
+def _request(url: str) -> urllib.request.Request:
+    """urllib ignores a URL's user:password; a mirror that needs them gets them as Basic auth."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None:
+        return urllib.request.Request(url)
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    user = urllib.parse.unquote(parts.username)
+    password = urllib.parse.unquote(parts.password or "")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return urllib.request.Request(bare, headers={"Authorization": f"Basic {token}"})
 
 
 def _download(url: str, target: Path, label: str, console: Console) -> None:
-    with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response, target.open("wb") as out:
+    with urllib.request.urlopen(_request(url), timeout=FETCH_TIMEOUT_S) as response, target.open("wb") as out:
         size = response.headers.get("Content-Length")
+        expected = int(size) if size and size.isdigit() else None
         columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+        received = 0
         with Progress(*columns, console=console, transient=True) as progress:
-            task = progress.add_task(f"fetching {label}")
-            progress.update(task, total=int(size) if size and size.isdigit() else None)
+            task = progress.add_task(f"fetching {label}", total=expected)
             for chunk in iter(lambda: response.read(CHUNK), b""):
                 out.write(chunk)
+                received += len(chunk)
                 progress.advance(task, len(chunk))
+        if expected is not None and received != expected:  # a connection cut short reads as a clean end
+            raise http.client.IncompleteRead(b"", expected - received)
         out.flush()
         os.fsync(out.fileno())
 
@@ -102,14 +145,22 @@ def fetch_archive(pin: ArchivePin, directory: Path, url: str, console: Console) 
     partial = Path(temporary)
     try:
         _download(url, partial, pin.name, console)
-        accepted = check_archive(partial, pin)
+        file_sha256, tar_sha256 = _digests(partial)
+        if not _accepted(pin, file_sha256, tar_sha256):
+            mismatch = _mismatch(pin, file_sha256, tar_sha256)
+            raise ArchiveRefused(f"{shown(url)} served other bytes than the recipe pins ({mismatch}): {manual}")
         os.replace(partial, target)
-    except ArchiveRefused as exc:
-        raise ArchiveRefused(f"{url} served other bytes than the recipe pins ({exc}): {manual}") from None
-    except (OSError, urllib.error.URLError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
-        raise VerlboxError(f"could not fetch {pin.name} from {url} ({reason}): {manual}") from None
+    except (OSError, urllib.error.URLError, http.client.HTTPException, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or _http_reason(exc)
+        raise VerlboxError(f"could not fetch {pin.name} from {shown(url)} ({reason}): {manual}") from None
     finally:
         partial.unlink(missing_ok=True)
-    console.print(f"fetched {pin.name} from {url} (sha256 checked)")
-    return AcceptedArchive(target, accepted.sha256)
+    console.print(f"fetched {pin.name} from {shown(url)} (sha256 checked)")
+    return AcceptedArchive(target, file_sha256)
+
+
+def _http_reason(exc: Exception) -> str:
+    if isinstance(exc, http.client.IncompleteRead):
+        return f"the connection ended {exc.expected} bytes short"
+    said = " ".join(str(exc).split())  # a server's garbage may hold line breaks: the error stays one line
+    return f"{type(exc).__name__}: {said}" if isinstance(exc, http.client.HTTPException) else said

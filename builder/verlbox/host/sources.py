@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 
 from verlbox.errors import UsageError
-from verlbox.host.archives import AcceptedArchive, ArchivePin, check_archive, fetch_archive
+from verlbox.host.archives import AcceptedArchive, ArchivePin, check_archive, fetch_archive, mirror_url
 
 _INDEX_URL = re.compile(r"(https?|file)://\S+")
 
@@ -95,7 +95,7 @@ class BuildSources:
         path = self.archives / pin.name
         if path.is_file():
             return check_archive(path, pin)
-        url = f"{self.archives_url.rstrip('/')}/{pin.name}" if self.archives_url else pin.upstream_url
+        url = mirror_url(self.archives_url, pin.name) if self.archives_url else pin.upstream_url
         return fetch_archive(pin, self.archives, url, console or Console(stderr=True, highlight=False))
 
     def secret_arguments(self) -> tuple[list[str], dict[str, str]]:
