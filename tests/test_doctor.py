@@ -264,3 +264,27 @@ def test_a_host_without_docker_gets_rows_not_a_traceback(tmp_path: Path) -> None
     assert table["Docker engine"] == (FAILED, "no docker command on PATH")
     assert table["buildx"][0] == FAILED and table["compose"][0] == FAILED
     assert table["recipe for GPU 0"][0] == PASSED
+
+
+OLD_NVIDIA_SMI = """#!/bin/sh
+# driver 470's nvidia-smi: no compute_cap field
+case "$1" in
+  *compute_cap*) echo 'Field "compute_cap" is not a valid field to query.'; exit 2 ;;
+esac
+echo '0, Tesla P40, 24451, 470.256.02'
+echo '1, Quadro K620, 2000, 470.256.02'
+"""
+
+
+def test_a_driver_too_old_to_report_compute_capability_still_gets_a_verdict(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _executable(bin_dir / "nvidia-smi", OLD_NVIDIA_SMI)
+    result = run_verlbox("doctor", env={"PATH": str(bin_dir)})
+    assert "Traceback" not in result.stderr
+    table = rows(result.stdout)
+    assert table["GPU 0"] == (PASSED, "Tesla P40, compute capability 6.1, 23.9 GiB, driver 470.256.02")
+    # CUDA 11.8 runs on 470 through minor-version compatibility; CUDA 12.4 needs >= 525
+    assert table["recipe for GPU 0"][0] == PASSED and table["recipe for GPU 0"][1].startswith("p40 (CUDA 11.8")
+    assert "not p40-cu124" in table["recipe for GPU 0"][1]
+    assert table["recipe for GPU 1"][0] == WARNING and "does not know Quadro K620's" in table["recipe for GPU 1"][1]

@@ -49,6 +49,23 @@ BUILD_ROOM = 20 * GIB
 # NVIDIA's last driver branch for Pascal GPUs (the P40): newer drivers do not list them at all
 PASCAL_LAST_BRANCH = "R580"
 NVIDIA_SMI_QUERY = "--query-gpu=index,name,compute_cap,memory.total,driver_version"
+# drivers before 510 (470 is common on P40s) know no compute_cap field: their GPUs go by name
+OLD_DRIVER_QUERY = "--query-gpu=index,name,memory.total,driver_version"
+KNOWN_CAPABILITIES = {
+    "Tesla P40": "6.1",
+    "Tesla P4": "6.1",
+    "Tesla P100-PCIE-16GB": "6.0",
+    "Tesla P100-PCIE-12GB": "6.0",
+    "Tesla P100-SXM2-16GB": "6.0",
+    "Tesla M40": "5.2",
+    "Tesla M40 24GB": "5.2",
+    "Tesla V100-PCIE-16GB": "7.0",
+    "Tesla V100-PCIE-32GB": "7.0",
+    "Tesla V100-SXM2-16GB": "7.0",
+    "Tesla V100-SXM2-32GB": "7.0",
+    "Tesla T4": "7.5",
+}
+UNKNOWN_CAPABILITY = "unknown"
 
 
 @dataclass(frozen=True)
@@ -139,15 +156,18 @@ def require_nvidia_runtime(otherwise: str = "", engine: Any | None = None) -> No
 # --- GPUs and recipes ---
 
 
-def parse_nvidia_smi(text: str) -> list[Gpu]:
-    """nvidia-smi's `--format=csv,noheader,nounits` rows for NVIDIA_SMI_QUERY."""
+def parse_nvidia_smi(text: str, with_capability: bool = True) -> list[Gpu]:
+    """nvidia-smi's `--format=csv,noheader,nounits` rows for NVIDIA_SMI_QUERY (or OLD_DRIVER_QUERY)."""
     gpus = []
     for row in csv.reader(text.splitlines(), skipinitialspace=True):
         if not row:
             continue
-        if len(row) != 5 or not row[3].strip().isdigit():
+        cells = [cell.strip() for cell in row]
+        if not with_capability and len(cells) == 4:
+            cells.insert(2, KNOWN_CAPABILITIES.get(cells[1], UNKNOWN_CAPABILITY))
+        if len(cells) != 5 or not cells[3].isdigit():
             raise GpuQueryError(f"nvidia-smi printed an unexpected row: {', '.join(row)!r}")
-        index, name, capability, memory, driver = (cell.strip() for cell in row)
+        index, name, capability, memory, driver = cells
         gpus.append(Gpu(index, name, capability, int(memory), driver))
     return gpus
 
@@ -156,20 +176,24 @@ def query_gpus() -> list[Gpu]:
     nvidia_smi = shutil.which("nvidia-smi")
     if nvidia_smi is None:
         raise GpuQueryError("no nvidia-smi on PATH: no NVIDIA driver on this host")
-    try:
-        run = subprocess.run(
-            [nvidia_smi, NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise GpuQueryError("nvidia-smi did not answer in 60 s") from None
+    run = _nvidia_smi(nvidia_smi, NVIDIA_SMI_QUERY)
+    if run.returncode != 0 and "compute_cap" in run.stdout + run.stderr:
+        run = _nvidia_smi(nvidia_smi, OLD_DRIVER_QUERY)
+        with_capability = False
+    else:
+        with_capability = True
     if run.returncode != 0:
         said = (run.stderr.strip() or run.stdout.strip()).splitlines()
         raise GpuQueryError(f"nvidia-smi failed (exit {run.returncode}): {said[-1] if said else 'no output'}")
-    return parse_nvidia_smi(run.stdout)
+    return parse_nvidia_smi(run.stdout, with_capability)
+
+
+def _nvidia_smi(nvidia_smi: str, query: str) -> subprocess.CompletedProcess[str]:
+    try:
+        command = [nvidia_smi, query, "--format=csv,noheader,nounits"]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    except subprocess.TimeoutExpired:
+        raise GpuQueryError("nvidia-smi did not answer in 60 s") from None
 
 
 def _version(text: str) -> Version | None:
@@ -198,6 +222,14 @@ def driver_support(driver: str, cuda: str) -> tuple[bool, str]:
 def recipe_finding(gpu: Gpu, recipes: list[RecipeHead]) -> Finding:
     """Which shipped recipes target this GPU's compute capability and run on its driver."""
     check = f"recipe for GPU {gpu.index}"
+    if gpu.compute_capability == UNKNOWN_CAPABILITY:
+        return Finding(
+            check,
+            FAILED,
+            f"driver {gpu.driver} does not report compute capabilities, and verlbox does not know {gpu.name}'s",
+            f"look it up in NVIDIA's list of CUDA GPUs, or upgrade the driver to >= 510 (Pascal: up to branch "
+            f"{PASCAL_LAST_BRANCH})",
+        )
     targeting = [recipe for recipe in recipes if gpu.compute_capability in recipe.target_gpus]
     if not targeting:
         targets = sorted({target for recipe in recipes for target in recipe.target_gpus})
