@@ -103,7 +103,7 @@ def test_a_gpu_no_recipe_targets_is_named_with_its_capability() -> None:
     [
         (RuntimeFacts(True, frozenset({"runc"}), "/usr/bin/" + NVIDIA_HOOK, None), PASSED, "/usr/bin/" + NVIDIA_HOOK),
         (RuntimeFacts(True, frozenset({"runc"}), None, None), FAILED, f"no {NVIDIA_HOOK} on the Docker daemon's PATH"),
-        (RuntimeFacts(True, frozenset({"runc", "nvidia"}), None, None), FAILED, "an nvidia runtime is registered"),
+        (RuntimeFacts(True, frozenset({"runc", "nvidia"}), None, None), WARNING, "an nvidia runtime is registered"),
         (RuntimeFacts(True, frozenset({"runc"}), None, "/usr/bin/nvidia-ctk"), FAILED, "only the toolkit's base"),
         (RuntimeFacts(False, frozenset({"nvidia"}), None, None), PASSED, "lists an nvidia runtime"),
         (RuntimeFacts(False, frozenset({"runc"}), None, None), WARNING, "cannot be checked from here"),

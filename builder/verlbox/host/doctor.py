@@ -132,10 +132,16 @@ def nvidia_runtime_finding(facts: RuntimeFacts) -> Finding:
     if facts.hook:
         extra = ", nvidia runtime registered" if registered else ""
         return Finding(name, PASSED, f"{facts.hook} (Docker loads it when it starts){extra}")
-    detail = f"no {NVIDIA_HOOK} on the Docker daemon's PATH, so Docker cannot give containers a GPU"
     if registered:
-        detail += " (an nvidia runtime is registered, but without the hook `--gpus` still fails)"
-    elif facts.nvidia_ctk:
+        # a packaged Docker (a snap, say) finds the hook on a PATH of its own: Docker's word goes first
+        return Finding(
+            name,
+            WARNING,
+            f"an nvidia runtime is registered, but no {NVIDIA_HOOK} is on the usual PATH",
+            f"if `docker run --rm --gpus all IMAGE nvidia-smi` fails: {RUNTIME_FIX}",
+        )
+    detail = f"no {NVIDIA_HOOK} on the Docker daemon's PATH, so Docker cannot give containers a GPU"
+    if facts.nvidia_ctk:
         detail += f" ({facts.nvidia_ctk} is there: only the toolkit's base package?)"
     return Finding(name, FAILED, detail, RUNTIME_FIX)
 
