@@ -2,7 +2,8 @@
 
 The stand-in answers what snapshot_download asks: GET /api/{models,datasets}/REPO/revision/REV (the file list,
 with sizes and hashes under ?blobs=True), then HEAD and GET /[datasets/]REPO/resolve/COMMIT/PATH (with Range
-for a resumed file). It can drop a connection half-way through a file, or serve a file other than it lists.
+for a resumed file). It can drop a connection half-way through a file, serve a file other than it lists, list a
+file without its hash, or list a file to the client's own second listing only.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import hashlib
 import io
 import json
 import random
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -26,9 +28,14 @@ import pytest
 from rich.console import Console
 
 from conftest import run_verlbox
+from standins import closed_port_url
 from test_data import hide_modules
-from verlbox.runtime import hub, train
+from verlbox.errors import UsageError
+from verlbox.host.recipe import load_recipe
+from verlbox.runtime import hub, preflight, train
 from verlbox.runtime.hub import RECORD, FetchError, Hub, Source
+from verlbox.runtime.preflight import GpuDevice, GpuFacts
+from verlbox.runtime.profile import Topology, TrainingPlan
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 WEIGHTS = "model.safetensors"
@@ -62,6 +69,8 @@ class StandInHub:
     drops: dict[str, int] = field(default_factory=dict)  # path -> GETs left to cut off half-way
     corrupt: set[str] = field(default_factory=set)  # paths served with other bytes than listed
     tokens: dict[str, str] = field(default_factory=dict)  # private repo -> the token it wants
+    relisted: dict[str, dict[str, object]] = field(default_factory=dict)  # path -> keys its listing shows instead
+    sneaked: dict[str, bytes] = field(default_factory=dict)  # files listed only without ?blobs=True, and served
 
     def publish(self, repo_type: str, repo: str, files: dict[str, bytes], branch: str = "main") -> str:
         commit = hashlib.sha1(repr((repo, sorted(files.items()))).encode()).hexdigest()
@@ -104,25 +113,26 @@ def handler_for(stand_in: StandInHub) -> type[BaseHTTPRequestHandler]:
             if private and self.headers.get("Authorization") != f"Bearer {stand_in.tokens[private]}":
                 return self.send(401, b"", {})  # as the hub answers for a private repo without its token
             if words[0] == "api":  # api/models/OWNER/NAME/revision/REV
-                self.repo_info(words[1].rstrip("s"), "/".join(words[2:4]), words[5])
+                self.repo_info(words[1].rstrip("s"), "/".join(words[2:4]), words[5], "blobs=" in self.path)
             else:  # [datasets/]OWNER/NAME/resolve/COMMIT/PATH...
                 repo_type = "dataset" if words[0] == "datasets" else "model"
                 words = words[1:] if repo_type == "dataset" else words
                 self.file(repo_type, "/".join(words[:2]), words[3], "/".join(words[4:]), body)
 
-        def repo_info(self, repo_type: str, repo: str, revision: str) -> None:
+        def repo_info(self, repo_type: str, repo: str, revision: str, blobs: bool) -> None:
             commit, error = stand_in.resolve(repo_type, repo, revision)
             if commit is None:
                 return self.refuse(error)
-            files = stand_in.repos[(repo_type, repo)]["commits"][commit]
-            listing = {"id": repo, "sha": commit, "siblings": [sibling(n, c) for n, c in files.items()]}
+            files = stand_in.repos[(repo_type, repo)]["commits"][commit] | ({} if blobs else stand_in.sneaked)
+            siblings = [sibling(n, c) | stand_in.relisted.get(n, {}) for n, c in files.items()]
+            listing = {"id": repo, "sha": commit, "siblings": siblings}
             self.send(200, json.dumps(listing).encode(), {"Content-Type": "application/json"})
 
         def file(self, repo_type: str, repo: str, revision: str, name: str, body: bool) -> None:
             commit, error = stand_in.resolve(repo_type, repo, revision)
             if commit is None:
                 return self.refuse(error)
-            content = stand_in.repos[(repo_type, repo)]["commits"][commit][name]
+            content = (stand_in.repos[(repo_type, repo)]["commits"][commit] | stand_in.sneaked)[name]
             etag = sibling(name, content).get("lfs", {}).get("sha256") or git_blob_id(content)
             if name in stand_in.corrupt:
                 content = bytes(255 - byte for byte in content)
@@ -287,10 +297,25 @@ def test_a_pinned_revision_is_fetched_and_kept(stand_in: StandInHub, tmp_path: P
     assert (folder / "generation_config.json").read_bytes() == fake_model(3)["generation_config.json"]
     record = json.loads((folder / RECORD).read_text())
     assert (record["revision"], record["commit"]) == (old, old)
-    # a start that asks for main finds the pinned commit there: one sentence, not a silent swap
-    with pytest.raises(FetchError, match=f"holds {MODEL} at {old} .* but {MODEL} at main is asked for") as caught:
-        ensure_model(stand_in, folder)
+
+
+def test_a_copied_pinned_folder_is_used_unless_another_revision_is_pinned(stand_in: StandInHub, tmp_path: Path) -> None:
+    """The offline flow: fetched with --revision COMMIT elsewhere, copied here, where compose asks for main."""
+    old = stand_in.publish("model", MODEL, fake_model(3))
+    new = stand_in.publish("model", MODEL, fake_model(4))  # main moves on
+    folder = tmp_path / "model"
+    hub.ensure(Source("model", MODEL, old), folder, model_hub(stand_in), print)
+    asked = len(stand_in.requests)
+    offline = Hub("http://127.0.0.1:9", None, True)
+    used = hub.ensure(Source("model", MODEL, "main"), folder, offline, print)
+    assert used.startswith(f"{folder} matches its {RECORD}") and "\n" not in used
+    assert f"note: fetched at {old}, not main, and used as is" in used
+    assert len(stand_in.requests) == asked
+    # a pinned revision other than the one fetched: one sentence, not a silent swap
+    with pytest.raises(FetchError, match=f"holds {MODEL} at {old} .* but {MODEL} at {new} is asked for") as caught:
+        ensure_model(stand_in, folder, revision=new)
     assert "\n" not in str(caught.value)
+    assert len(stand_in.requests) == asked
 
 
 def test_a_dropped_connection_resumes_where_it_broke(
@@ -336,10 +361,143 @@ def test_a_restart_resumes_and_no_half_folder_is_used(
 def test_a_file_other_than_the_hub_lists_is_refused(stand_in: StandInHub, tmp_path: Path) -> None:
     stand_in.publish("model", MODEL, fake_model(7))
     stand_in.corrupt.add(WEIGHTS)
-    with pytest.raises(FetchError, match=f"{WEIGHTS} arrived different from what the hub lists: removed"):
+    with pytest.raises(FetchError) as caught:
         ensure_model(stand_in, tmp_path / "model")
+    # the plain sentence, not wrapped as a failed download to be fetched elsewhere
+    assert str(caught.value) == (
+        f"{tmp_path / 'model.partial' / WEIGHTS} arrived different from what the hub lists: removed; "
+        "start again to fetch it anew"
+    )
     assert not (tmp_path / "model").exists()
     assert not (tmp_path / "model.partial" / WEIGHTS).exists()
+
+
+def downloads(stand_in: StandInHub) -> list[str]:
+    """The file requests (HEAD or GET) the stand-in answered, as opposed to listings."""
+    return [url for _, url, _ in stand_in.requests if "/resolve/" in url]
+
+
+@pytest.mark.parametrize("kind", ["parent", "absolute"])
+def test_a_listed_name_outside_the_folder_is_refused_before_any_download(
+    stand_in: StandInHub, tmp_path: Path, kind: str
+) -> None:
+    victim = tmp_path / "home" / "victim.txt"
+    victim.parent.mkdir()
+    victim.write_bytes(b"mine")
+    name, why = {
+        "parent": ("../escaped.txt", "a path with an empty, . or .. part"),
+        "absolute": (str(victim), "not a relative /-separated path"),
+    }[kind]
+    stand_in.publish("model", MODEL, fake_model(12) | {name: b"evil"})
+    out = tmp_path / "models" / "qwen"
+    result = run_verlbox("fetch", "model", "--out", str(out), env={"HF_ENDPOINT": stand_in.endpoint})
+    assert result.returncode == 1
+    assert f"a file named {name!r}, {why}: nothing fetched" in one_line_error(result)
+    assert victim.read_bytes() == b"mine"
+    assert left_behind(tmp_path) == ["home"] and left_behind(tmp_path / "home") == ["victim.txt"]
+    assert downloads(stand_in) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("sub/../../x.txt", "a path with an empty, . or .. part"),
+        ("./config2.json", "a path with an empty, . or .. part"),
+        ("sub//x.txt", "a path with an empty, . or .. part"),
+        ("sub\\x.txt", "not a relative /-separated path"),
+        (RECORD, "the name of verlbox's own record"),
+        (".cache/huggingface/x", "under .cache/"),
+        ("link/x.txt", "a path that leads out of"),
+    ],
+)
+def test_a_listing_with_a_name_verlbox_does_not_write_is_refused(
+    stand_in: StandInHub, tmp_path: Path, name: str, why: str
+) -> None:
+    stand_in.publish("model", MODEL, fake_model(13) | {name: b"evil"})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    # an earlier attempt's staging folder holding a link out of it (a name through it resolves outside)
+    (tmp_path / "model.partial").mkdir()
+    (tmp_path / "model.partial" / "link").symlink_to(outside)
+    with pytest.raises(
+        FetchError, match=f"lists for {MODEL} at .* a file named {re.escape(repr(name))}, {re.escape(why)}"
+    ):
+        ensure_model(stand_in, tmp_path / "model")
+    assert downloads(stand_in) == [] and left_behind(outside) == []
+    assert not (tmp_path / "model").exists()
+
+
+def test_a_record_naming_a_file_outside_its_folder_is_refused(stand_in: StandInHub, tmp_path: Path) -> None:
+    stand_in.publish("model", MODEL, fake_model(14))
+    folder = tmp_path / "model"
+    ensure_model(stand_in, folder)
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"mine")
+    record = json.loads((folder / RECORD).read_text())
+    record["files"][0]["path"] = str(victim)
+    (folder / RECORD).write_text(json.dumps(record))
+    with pytest.raises(FetchError, match=f"names {re.escape(repr(str(victim)))}, not a relative /-separated path"):
+        ensure_model(stand_in, folder)
+    assert victim.read_bytes() == b"mine"
+
+
+@pytest.mark.parametrize(
+    ("name", "listed_as"),
+    [("config.json", {"blobId": None}), (WEIGHTS, {"lfs": None, "blobId": None}), ("vocab.json", {"size": None})],
+    ids=["no-blob-id", "no-lfs", "no-size"],
+)
+def test_a_file_listed_without_its_hash_or_size_is_refused(
+    stand_in: StandInHub, tmp_path: Path, name: str, listed_as: dict[str, object]
+) -> None:
+    stand_in.publish("model", MODEL, fake_model(15))
+    stand_in.relisted[name] = listed_as
+    with pytest.raises(FetchError) as caught:
+        ensure_model(stand_in, tmp_path / "model")
+    assert f"{name} without its size or hash, so it cannot be verified: nothing fetched" in str(caught.value)
+    assert downloads(stand_in) == [] and left_behind(tmp_path) == []
+
+
+def test_only_the_checked_names_are_downloaded(stand_in: StandInHub, tmp_path: Path) -> None:
+    """The client lists the commit again (without hashes): a name only that listing shows is not fetched."""
+    files = fake_model(16)
+    stand_in.publish("model", MODEL, files)
+    stand_in.sneaked["sneaked.txt"] = b"unchecked"
+    ensure_model(stand_in, tmp_path / "model")
+    assert not any(url.endswith("/sneaked.txt") for url in downloads(stand_in))
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == sorted([*files, RECORD])
+
+
+def test_credentials_in_hf_endpoint_are_never_shown_or_recorded(stand_in: StandInHub, tmp_path: Path) -> None:
+    assert hub.redact("https://user:s3cret@mirror:8080/hf?token=s3cret#x") == "https://mirror:8080/hf"
+    stand_in.publish("model", MODEL, fake_model(17))
+    closed = closed_port_url()
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": closed.replace("://", "://user:s3cret@")}
+    failed = run_verlbox("fetch", "model", "--out", str(tmp_path / "a"), env=env)
+    assert failed.returncode == 1 and f"{closed} cannot be reached" in one_line_error(failed)
+    env["HF_ENDPOINT"] = stand_in.endpoint.replace("://", "://user:s3cret@")
+    fetched = run_verlbox("fetch", "model", "--out", str(tmp_path / "b"), env=env)
+    assert fetched.returncode == 0, fetched.stderr
+    assert f"from {stand_in.endpoint} into" in fetched.stderr
+    assert json.loads((tmp_path / "b" / RECORD).read_text())["endpoint"] == stand_in.endpoint
+    for result in (failed, fetched):
+        assert "s3cret" not in result.stdout + result.stderr
+    assert not [path for path in tmp_path.rglob("*") if path.is_file() and b"s3cret" in path.read_bytes()]
+
+
+def test_out_dot_fills_the_current_folder(stand_in: StandInHub, tmp_path: Path) -> None:
+    files = fake_model(18)
+    stand_in.publish("model", MODEL, files)
+    here = tmp_path / "qwen"
+    here.mkdir()
+    env = {"HF_ENDPOINT": stand_in.endpoint, "HF_HOME": str(tmp_path / "hf")}
+    fetched = run_verlbox("fetch", "model", "--out", ".", cwd=here, env=env)
+    assert fetched.returncode == 0, fetched.stderr
+    assert f"into {here} (recorded in its {RECORD})" in fetched.stdout
+    assert sorted(p.name for p in here.iterdir()) == sorted([*files, RECORD])
+    assert left_behind(tmp_path) == ["qwen"]  # the staging folder was qwen.partial beside it, now gone
+    root = run_verlbox("fetch", "model", "--out", "/", env=env)
+    assert root.returncode == UsageError.exit_code
+    assert one_line_error(root) == "verlbox: error: cannot fetch into /: name a folder below it"
 
 
 def test_the_cli_fetches_then_names_a_changed_file(stand_in: StandInHub, tmp_path: Path) -> None:
@@ -482,3 +640,24 @@ def test_train_offline_on_first_start_names_the_run_folders_command(tmp_path: Pa
     assert train.run_folder_path(Path("/models/Qwen2.5-0.5B-Instruct")) == "models/Qwen2.5-0.5B-Instruct"
     assert train.run_folder_path(Path("/data/gsm8k-raw")) == "data/gsm8k-raw"
     assert train.run_folder_path(tmp_path / "raw") == str(tmp_path / "raw")
+
+
+@pytest.mark.parametrize(
+    "gpus",
+    [GpuFacts([], [], None, None), GpuFacts([GpuDevice("Tesla P40", "6.1", 22.4, 22.2)], ["sm_61"], "11.4", "470.1")],
+    ids=["no-gpu", "old-driver"],
+)
+def test_train_fetches_nothing_before_the_gpu_checks_pass(
+    stand_in: StandInHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: GpuFacts
+) -> None:
+    stand_in.publish("model", MODEL, fake_model(19))
+    stand_in.publish("dataset", "openai/gsm8k", fake_gsm8k())
+    monkeypatch.setattr(preflight, "probe_gpu", lambda: gpus)
+    overrides = [f"actor_rollout_ref.model.path={tmp_path / 'model'}", f"data.train_files={tmp_path / 'd' / 't.pq'}"]
+    environ = {"HF_ENDPOINT": stand_in.endpoint, "VERLBOX_GSM8K_SOURCE": str(tmp_path / "raw")}
+    plan = TrainingPlan(load_recipe("p40-cu124").image_spec(), environ={}, topology=Topology(1, 1))
+    checks = train.run_local_preflight(plan, overrides, environ, None, Console(file=io.StringIO()))
+    failed = [check.name for check in checks if not check.ok]
+    assert failed[:1] == ["GPU visible" if not gpus.devices else "driver"], checks
+    assert "model" not in {check.name for check in checks}
+    assert stand_in.requests == [] and left_behind(tmp_path) == []

@@ -10,6 +10,7 @@ checks the folder against that record, so a copy carried to an offline host is c
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from verlbox import __version__
 from verlbox.errors import UsageError, VerlboxError
@@ -41,10 +43,18 @@ ATTEMPTS = 3
 RETRY_DELAY_S = 2.0
 _CHUNK = 1 << 20
 _ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")]+")
+# the hub client's resume state inside FOLDER.partial, removed before the folder is promoted
+CLIENT_STATE = ".cache"
 
 
 class FetchError(VerlboxError):
     """The hub could not fill a folder, or a filled folder no longer matches its record."""
+
+
+def redact(url: str) -> str:
+    """URL as it may be shown or recorded: without the user:password@ or ?query that can carry a credential."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment=""))
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,11 @@ class Hub:
             (environ.get("HF_HUB_OFFLINE") or "").upper() in TRUE_VALUES,
         )
 
+    @property
+    def shown(self) -> str:
+        """The endpoint in messages and records: never its credentials."""
+        return redact(self.endpoint)
+
 
 @dataclass(frozen=True)
 class FileEntry:
@@ -133,7 +148,7 @@ def read_record(folder: Path) -> Record | None:
     try:
         data = json.loads(path.read_text())
         files = tuple(FileEntry(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in data["files"])
-        return Record(
+        record = Record(
             str(data["repo"]),
             str(data["repo_type"]),
             str(data["revision"]),
@@ -145,6 +160,31 @@ def read_record(folder: Path) -> Record | None:
         raise FetchError(
             f"{path} is not a readable fetch record ({exc}): move {folder} away and start again to fetch it anew"
         ) from None
+    # a copied record is as untrusted as the hub's listing: a name outside the folder would be read there
+    for entry in record.files:
+        why = unsafe_name(entry.path, folder)
+        if why:
+            raise FetchError(f"{path} names {entry.path!r}, {why}: move {folder} away and start again to fetch it anew")
+    return record
+
+
+def unsafe_name(name: str, folder: Path) -> str | None:
+    """Why NAME (from the hub's listing or a record) is not a plain file of FOLDER; None when it is.
+
+    The hub client joins a listed name to the folder as it stands (it refuses `..` only on Windows), and the
+    verification opens and deletes that path: `../x` or `/home/you/x` would be written or deleted outside."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or "\\" in name or "\0" in name:
+        return "not a relative /-separated path"
+    if any(part in ("", ".", "..") for part in parts):
+        return "a path with an empty, . or .. part"
+    if name == RECORD:
+        return "the name of verlbox's own record"
+    if parts[0] == CLIENT_STATE:
+        return f"under {CLIENT_STATE}/, where the hub client keeps its state"
+    if not (folder / name).resolve().is_relative_to(folder.resolve()):
+        return f"a path that leads out of {folder} through a link"
+    return None
 
 
 def ensure(
@@ -161,6 +201,8 @@ def ensure(
 
     SHOWN_AS is the folder as the user names it where `verlbox fetch` runs (the run folder's path, not the
     container's); it goes into the command an error suggests."""
+    shown_as = shown_as or str(folder)
+    folder = _absolute(folder)
     record = read_record(folder)
     if record is not None:
         return check_record(folder, record, source)
@@ -170,15 +212,26 @@ def ensure(
         raise UsageError(f"{folder} already holds files but no {RECORD}: fetch into a new or empty folder")
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{folder} is a file: fetch into a folder")
-    record = fetch(source, folder, hub, say, shown_as or str(folder))
+    record = fetch(source, folder, hub, say, shown_as)
     return f"fetched {record.describe()} into {folder} (recorded in its {RECORD})"
 
 
+def _absolute(folder: Path) -> Path:
+    """FOLDER made absolute, so that FOLDER.partial is its sibling for `.` or `..` too (not `..partial`)."""
+    folder = Path(os.path.abspath(folder))  # not resolve(): messages name the folder as the user does
+    if folder == folder.parent:
+        raise UsageError(f"cannot fetch into {folder}: name a folder below it")
+    return folder
+
+
 def check_record(folder: Path, record: Record, source: Source) -> str:
-    """Every recorded file is there with its size and sha256, and the record is of the source asked for."""
-    if (record.repo, record.repo_type) != (source.repo, source.repo_type) or source.revision not in (
-        record.revision,
-        record.commit,
+    """Every recorded file is there with its size and sha256, and the record is of the source asked for.
+
+    Asking for the default revision (main) accepts a record of any revision: a folder fetched at a pinned
+    commit on a connected machine and copied here is used as it is; only another pinned revision is refused."""
+    default = source.revision == DEFAULT_REVISION
+    if (record.repo, record.repo_type) != (source.repo, source.repo_type) or not (
+        default or source.revision in (record.revision, record.commit)
     ):
         raise FetchError(
             f"{folder} holds {record.repo} at {record.revision} ({record.commit[:12]}) but {source.repo} at "
@@ -195,7 +248,13 @@ def check_record(folder: Path, record: Record, source: Source) -> str:
     for entry in record.files:
         if _hexdigests(folder / entry.path, hashlib.sha256()) != [entry.sha256]:
             raise _changed(folder, folder / entry.path, "its sha256 differs from the recorded one")
-    return f"{folder} matches its {RECORD} ({record.describe()})"
+    done = f"{folder} matches its {RECORD} ({record.describe()})"
+    if source.revision not in (record.revision, record.commit):
+        done += (
+            f"; note: fetched at {record.revision}, not {DEFAULT_REVISION}, and used as is "
+            f"(a revision pinned with {source.setting('revision')} has to match)"
+        )
+    return done
 
 
 def _changed(folder: Path, path: Path, found: str) -> FetchError:
@@ -210,14 +269,21 @@ def fetch(source: Source, folder: Path, hub: Hub, say: Callable[[str], None], sh
     into place. Every failure is one FetchError naming FOLDER and the command that fills it elsewhere."""
     if hub.offline:
         raise _unavailable(source, folder, shown_as, "HF_HUB_OFFLINE is set")
+    folder = _absolute(folder)
     staging = folder.with_name(folder.name + STAGING_SUFFIX)
+    # the nearest folder that exists: what is missing below it is made, and FOLDER.partial is renamed in it
+    parent = next(path for path in folder.parents if path.is_dir())
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot fetch into {folder}: {parent} is not writable (and {staging.name} goes there)")
     with _hub_errors(source, folder, hub, shown_as, kept=None):
         info = _repo_info(source, hub)
-    say(f"fetching {source.repo} ({source.revision}: {info.sha[:12]}) from {hub.endpoint} into {folder}")
+    siblings = info.siblings or []
+    _check_listing(source, info.sha, siblings, staging, hub)
+    say(f"fetching {source.repo} ({source.revision}: {info.sha[:12]}) from {hub.shown} into {folder}")
     with _hub_errors(source, folder, hub, shown_as, kept=staging):
-        _download(source, info.sha, staging, hub, say)
-        files = _verified(staging, info.siblings or [])
-    record = Record(source.repo, source.repo_type, source.revision, info.sha, hub.endpoint, files)
+        _download(source, info.sha, [sibling.rfilename for sibling in siblings], staging, hub, say)
+        files = _verified(staging, siblings)
+    record = Record(source.repo, source.repo_type, source.revision, info.sha, hub.shown, files)
     _promote(staging, folder, record)
     return record
 
@@ -230,8 +296,26 @@ def _repo_info(source: Source, hub: Hub) -> Any:
     return api.repo_info(source.repo, repo_type=source.repo_type, revision=source.revision, files_metadata=True)
 
 
-def _download(source: Source, commit: str, staging: Path, hub: Hub, say: Callable[[str], None]) -> None:
-    """The files of COMMIT (not of the branch, which may move meanwhile) into STAGING, with progress bars."""
+def _check_listing(source: Source, commit: str, siblings: list[Any], staging: Path, hub: Hub) -> None:
+    """Every listed file has a name inside STAGING and a size and hash to verify it against; else nothing is
+    downloaded (the README promises every file is checked)."""
+    where = f"{hub.shown} lists for {source.repo} at {commit[:12]}"
+    if not siblings:
+        raise FetchError(f"{where} no files: nothing fetched")
+    for sibling in siblings:
+        why = unsafe_name(sibling.rfilename, staging)
+        if why:
+            raise FetchError(f"{where} a file named {sibling.rfilename!r}, {why}: nothing fetched")
+        if sibling.size is None or (sibling.lfs is None and sibling.blob_id is None):
+            raise FetchError(
+                f"{where} {sibling.rfilename} without its size or hash, so it cannot be verified: nothing fetched"
+            )
+
+
+def _download(
+    source: Source, commit: str, names: list[str], staging: Path, hub: Hub, say: Callable[[str], None]
+) -> None:
+    """The files NAMES of COMMIT (not of the branch, which may move meanwhile) into STAGING, with progress bars."""
     import requests
     from huggingface_hub import constants, snapshot_download
 
@@ -245,6 +329,8 @@ def _download(source: Source, commit: str, staging: Path, hub: Hub, say: Callabl
                 repo_type=source.repo_type,
                 revision=commit,
                 local_dir=staging,
+                # only the names checked above: the client lists the commit again, and may be told other names
+                allow_patterns=[glob.escape(name) for name in names],
                 endpoint=hub.endpoint,
                 token=hub.token,
                 library_name="verlbox",
@@ -261,8 +347,6 @@ def _download(source: Source, commit: str, staging: Path, hub: Hub, say: Callabl
 def _verified(staging: Path, siblings: list[Any]) -> tuple[FileEntry, ...]:
     """Each file against the size and hash the hub lists (sha256 for LFS files, the git blob id for the rest).
     A file that differs is deleted, so that the next attempt downloads it again."""
-    if not siblings:
-        raise FetchError(f"the hub lists no files to fetch into {staging}")
     entries = []
     for sibling in siblings:
         path = staging / sibling.rfilename
@@ -270,7 +354,7 @@ def _verified(staging: Path, siblings: list[Any]) -> tuple[FileEntry, ...]:
         # git's blob id: sha1 over a "blob SIZE" header and the bytes
         sha256, blob_id = _hexdigests(path, hashlib.sha256(), hashlib.sha1(f"blob {size}\0".encode()))
         expected = (sibling.lfs.sha256, sha256) if sibling.lfs else (sibling.blob_id, blob_id)
-        if (sibling.size is not None and sibling.size != size) or expected[0] not in (None, expected[1]):
+        if sibling.size != size or expected[0] != expected[1]:
             path.unlink()
             raise FetchError(f"{path} arrived different from what the hub lists: removed; start again to fetch it anew")
         entries.append(FileEntry(sibling.rfilename, size, sha256))
@@ -279,7 +363,7 @@ def _verified(staging: Path, siblings: list[Any]) -> tuple[FileEntry, ...]:
 
 def _promote(staging: Path, folder: Path, record: Record) -> None:
     """STAGING becomes FOLDER in one rename: a reader sees no folder, or the whole one."""
-    shutil.rmtree(staging / ".cache", ignore_errors=True)  # the hub client's resume state, done with
+    shutil.rmtree(staging / CLIENT_STATE, ignore_errors=True)  # the hub client's resume state, done with
     recorded = {entry.path for entry in record.files}
     # files an earlier attempt fetched at another commit, which this one does not have
     for path in sorted(staging.rglob("*"), reverse=True):
@@ -332,7 +416,7 @@ def _hub_errors(source: Source, folder: Path, hub: Hub, shown_as: str, kept: Pat
         (
             RepositoryNotFoundError,
             lambda _: (
-                f"{hub.endpoint} has no {source.repo_type} {source.repo} ({source.setting('repo')}; "
+                f"{hub.shown} has no {source.repo_type} {source.repo} ({source.setting('repo')}; "
                 "a private one needs HF_TOKEN)"
             ),
         ),
@@ -343,15 +427,17 @@ def _hub_errors(source: Source, folder: Path, hub: Hub, shown_as: str, kept: Pat
         # the client's "cannot locate the files" wraps what actually failed: a connection, a status
         (LocalEntryNotFoundError, lambda exc: _cause(exc, hub) + resume),
         (HfHubHTTPError, lambda exc: _http_status(exc, hub)),
-        (requests.exceptions.SSLError, lambda exc: f"TLS to {hub.endpoint} failed ({_short(exc)})"),
+        (requests.exceptions.SSLError, lambda exc: f"TLS to {hub.shown} failed ({_short(exc)})"),
         (requests.exceptions.ChunkedEncodingError, lambda exc: f"the connection broke ({_short(exc)}){resume}"),
-        (requests.exceptions.ConnectionError, lambda exc: f"{hub.endpoint} cannot be reached ({_short(exc)}){resume}"),
-        (requests.exceptions.Timeout, lambda _: f"{hub.endpoint} did not answer in time{resume}"),
-        (requests.exceptions.RequestException, lambda exc: f"a request to {hub.endpoint} failed ({_short(exc)})"),
+        (requests.exceptions.ConnectionError, lambda exc: f"{hub.shown} cannot be reached ({_short(exc)}){resume}"),
+        (requests.exceptions.Timeout, lambda _: f"{hub.shown} did not answer in time{resume}"),
+        (requests.exceptions.RequestException, lambda exc: f"a request to {hub.shown} failed ({_short(exc)})"),
         (OSError, lambda exc: f"{exc.filename or folder}: {exc.strerror or exc}"),
     ]
     try:
         yield
+    except VerlboxError:
+        raise  # already one sentence of its own (a file that arrived different), not a failure of the client
     except Exception as exc:
         for kind, reason in reasons:
             if isinstance(exc, kind):
@@ -365,18 +451,18 @@ def _hub_errors(source: Source, folder: Path, hub: Hub, shown_as: str, kept: Pat
 def _cause(exc: BaseException, hub: Hub) -> str:
     cause = exc.__cause__
     if cause is None:
-        return f"{hub.endpoint} cannot be reached"
+        return f"{hub.shown} cannot be reached"
     response = getattr(cause, "response", None)
     if response is not None:
         return _http_status(cause, hub)
-    return f"{hub.endpoint} cannot be reached ({_short(cause)})"
+    return f"{hub.shown} cannot be reached ({_short(cause)})"
 
 
 def _http_status(exc: BaseException, hub: Hub) -> str:
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if status in (401, 403):
-        return f"{hub.endpoint} refused access ({status}): set HF_TOKEN to a token that may read it"
-    return f"{hub.endpoint} answered {status}"
+        return f"{hub.shown} refused access ({status}): set HF_TOKEN to a token that may read it"
+    return f"{hub.shown} answered {status}"
 
 
 def _short(exc: BaseException) -> str:

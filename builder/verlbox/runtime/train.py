@@ -192,20 +192,27 @@ def prepare_inputs(overrides: list[str], environ: dict[str, str], console: Conso
 def run_preflight(
     plan: TrainingPlan, overrides: list[str], environ: dict[str, str], facts: preflight.GpuFacts, console: Console
 ) -> list[preflight.Check]:
-    model, data = prepare_inputs(overrides, environ, console)
+    """The checks that need no model first: a machine that cannot train is news before a 1 GB download,
+    which follows only when they pass (with the model's own check after it)."""
+    gpu = preflight.check_gpu_visible(facts, plan.topology.gpus_per_node)
+    if not gpu.ok:  # without a GPU the GPU checks only repeat the same news
+        return [gpu, preflight.check_shared_memory()]
     checks = [
-        preflight.check_gpu_visible(facts, plan.topology.gpus_per_node),
+        gpu,
         preflight.check_compute_capability(facts, plan.spec.target_gpus),
         preflight.check_driver(facts, plan.spec.cuda),
         preflight.check_memory(facts, plan.profile.min_gpu_memory_gib),
         preflight.check_shared_memory(),
-        # a model that is there also has to load; one that could not be fetched is news enough
+    ]
+    if not all(check.ok for check in checks):
+        return checks
+    model, data = prepare_inputs(overrides, environ, console)
+    # a model that is there also has to load; one that could not be fetched is news enough
+    return [
+        *checks,
         preflight.check_model(Path(override_value(overrides, MODEL_KEY) or "")) if model.ok else model,
         data,
     ]
-    if not checks[0].ok:  # without a GPU the GPU checks below it only repeat the same news
-        checks = [checks[0], *checks[4:]]
-    return checks
 
 
 def run_cluster_preflight(
