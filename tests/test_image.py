@@ -134,7 +134,7 @@ def _certificates(text: str) -> set[str]:
 def test_the_image_matches_its_hashed_lock(image: str, tmp_path: Path) -> None:
     result = run_verlbox("verify", image)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "matches" in result.stderr and result.stdout == ""
+    assert f"{image} matches" in result.stdout and result.stderr == ""
     # `verlbox lock` finds the same steps, files and hashes in the image (a copy: the repo is never rewritten)
     for name in ("p40-cu124.yaml", "_verl-0.4.1.yaml", "p40-cu124.lock.json"):
         (tmp_path / name).write_text((REPO / "recipes" / name).read_text())
@@ -348,10 +348,11 @@ def test_train_without_a_gpu_stops_at_preflight_in_one_sentence(image: str) -> N
 
 
 def test_overrides_inside_the_image_check_keys_without_the_docker_sdk(image: str) -> None:
-    applied = docker(
-        "run", "--rm", "--entrypoint", "verlbox", image, "overrides", "p40-cu124", "trainer.total_epochs=2"
-    )
+    # no recipe named: in an image it is the image's own
+    applied = docker("run", "--rm", image, "overrides", "trainer.total_epochs=2")
     assert "trainer.total_epochs=2" in applied.stdout and "trainer.total_epochs=1" not in applied.stdout
+    named = docker("run", "--rm", image, "overrides", "p40-cu124", "trainer.total_epochs=2")
+    assert named.stdout == applied.stdout
     blog_key = "actor_rollout_ref.fsdp_config.param_offload=True"
     refused = docker("run", "--rm", image, "overrides", blog_key, check=False)
     assert refused.returncode == 2 and "actor_rollout_ref.actor.fsdp_config.param_offload" in refused.stderr

@@ -293,7 +293,9 @@ def overrides(args: argparse.Namespace) -> int:
     if recipe and "=" in recipe:  # no recipe name holds "=": inside an image the recipe is the image's own
         extra.insert(0, recipe)
         recipe = None
-    spec = load_recipe(recipe).image_spec() if recipe else baked_spec()
+    baked = baked_spec()
+    # an image carries its own recipe's spec, not the recipe files: its name is enough
+    spec = baked if baked and recipe in (None, baked.name) else load_recipe(recipe).image_spec() if recipe else None
     if spec is None:
         raise UsageError("name a recipe (`verlbox overrides p40 KEY=VALUE ...`): this is not a verlbox image")
     topology = Topology(args.gpus_per_node or 1, args.nodes or 1, "given")
