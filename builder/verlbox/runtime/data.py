@@ -12,13 +12,19 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from verlbox.errors import VerlboxError
 from verlbox.files import default_mode
 
+if TYPE_CHECKING:  # pyarrow is imported where it is used: the host's `verlbox` runs without it
+    import pyarrow as pa
+
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 SPLITS = ("train", "test")
+# the files prepare_gsm8k writes into its folder
+PREPARED = tuple(f"{name}.parquet" for name in (*SPLITS, "validation"))
 _FINAL_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
 
 
@@ -44,19 +50,12 @@ def to_verl_row(question: str, answer: str, split: str, index: int) -> dict[str,
 
 
 def _read_split(source: Path, split: str) -> tuple[Path, list[dict[str, object]]]:
-    import pyarrow.parquet as pq
-    from pyarrow import ipc
-
     hub = sorted((source / "main").glob(f"{split}-*.parquet")) or sorted(source.glob(f"{split}-*.parquet"))
     if hub:
-        return hub[0], [row for path in hub for row in pq.read_table(path).to_pylist()]
+        return hub[0], [row for path in hub for row in _table(path).to_pylist()]
     arrow = sorted((source / split).glob("*.arrow")) if (source / "dataset_dict.json").is_file() else []
     if arrow:
-        rows = []
-        for path in arrow:
-            with path.open("rb") as handle:
-                rows += ipc.open_stream(handle).read_all().to_pylist()
-        return arrow[0], rows
+        return arrow[0], [row for path in arrow for row in _table(path).to_pylist()]
     jsonl = source / f"{split}.jsonl"
     if jsonl.is_file():
         rows = []
@@ -72,6 +71,38 @@ def _read_split(source: Path, split: str) -> tuple[Path, list[dict[str, object]]
         f"(the hub's layout), a datasets.save_to_disk folder ({split}/*.arrow beside "
         f"dataset_dict.json) or {split}.jsonl"
     )
+
+
+def _table(path: Path) -> pa.Table:
+    """A parquet file, or an arrow stream as datasets.save_to_disk writes them; a file pyarrow cannot read
+    (cut short, say) is named in one line, not an ArrowInvalid traceback."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyarrow import ipc
+
+    try:
+        if path.suffix == ".arrow":
+            with path.open("rb") as handle:
+                return ipc.open_stream(handle).read_all()
+        return pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{path} is not readable by pyarrow ({exc}): copy or fetch it again") from None
+
+
+def parquet_rows(path: Path) -> int:
+    """PATH's row count from its footer alone (cheap at any size); a file verl could not read is a DataError.
+
+    A half-copied file has no footer: `exists` passes it, verl's dataloader would not."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_metadata(path).num_rows
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{path} is not a readable parquet file ({exc})") from None
+    if not rows:
+        raise DataError(f"{path} holds no rows")
+    return rows
 
 
 def _convert(path: Path, rows: list[dict[str, object]], split: str) -> list[dict[str, object]]:
@@ -97,7 +128,7 @@ def _write_parquet(rows: list[dict[str, object]], target: Path) -> bool:
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pylist(rows)
-    if target.is_file() and pq.read_table(target).equals(table):
+    if target.is_file() and _holds(target, table):
         return False
     # mkstemp makes 0600 files: keep the old file's mode, or give the one an ordinary write would
     mode = target.stat().st_mode & 0o7777 if target.is_file() else default_mode()
@@ -111,6 +142,17 @@ def _write_parquet(rows: list[dict[str, object]], target: Path) -> bool:
         Path(temporary).unlink(missing_ok=True)
         raise
     return True
+
+
+def _holds(target: Path, table: pa.Table) -> bool:
+    """Whether TARGET already holds TABLE; a broken TARGET (a half-copied file) does not, and is replaced."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(target).equals(table)
+    except (pa.ArrowException, OSError):
+        return False
 
 
 def prepare_gsm8k(source: Path, out: Path, validation_size: int = 256) -> dict[str, tuple[int, bool]]:

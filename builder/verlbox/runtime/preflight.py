@@ -7,6 +7,7 @@ the facts of a GPU they do not have.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from verlbox.runtime import data
 from verlbox.runtime.gpu import CUDA_MIN_DRIVER, UnsupportedGpu, capability_for, has_code_for
 
 
@@ -167,24 +169,109 @@ def check_memory(facts: GpuFacts, min_gib: float) -> Check:
     )
 
 
+# verl 0.4.1 loads config.json and the tokenizer when it starts, but falls back to a generation config made
+# from config.json when generation_config.json is missing; its FSDP checkpoint manager then reads that file
+# again at every save (GenerationConfig.from_pretrained(model path)), so such a folder trains until the
+# first checkpoint and dies there.
+GENERATION_CONFIG = "generation_config.json"
+# the JSON files of a model folder that transformers parses, when the folder has them
+MODEL_JSON_FILES = (
+    "config.json",
+    GENERATION_CONFIG,
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+)
+
+
+def _refill(model_dir: Path) -> str:
+    return (
+        f"empty {model_dir} and `train` fetches the model, or fill it on a connected machine with "
+        f"`verlbox fetch model --out {model_dir}` (README: Model and data)"
+    )
+
+
+def _model_file_problems(model_dir: Path) -> list[str]:
+    """One sentence per file verl needs that is missing or does not parse, before transformers is asked."""
+    problems: list[str] = []
+    if not (model_dir / GENERATION_CONFIG).is_file():
+        problems.append(
+            f"{model_dir} has no {GENERATION_CONFIG}, which verl reads at every checkpoint save: copy it from "
+            f"the model's repository, or {_refill(model_dir)}"
+        )
+    for name in MODEL_JSON_FILES:
+        path = model_dir / name
+        if path.is_file():
+            try:
+                json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+                problems.append(f"{path} does not load as JSON ({exc}): {_refill(model_dir)}")
+    return problems
+
+
 def check_model(model_dir: Path) -> Check:
     if not (model_dir / "config.json").is_file():
-        return Check(
-            "model",
-            False,
-            f"no model in {model_dir} (no config.json): empty it and `train` fetches the model, or fill it on "
-            f"a connected machine with `verlbox fetch model --out {model_dir}` (README: Model and data)",
-        )
+        return Check("model", False, f"no model in {model_dir} (no config.json): {_refill(model_dir)}")
     if not any(model_dir.glob("*.safetensors")) and not any(model_dir.glob("pytorch_model*.bin")):
         return Check("model", False, f"{model_dir} has a config.json but no weights (*.safetensors)")
+    problems = _model_file_problems(model_dir)
+    if problems:
+        return Check("model", False, "; ".join(problems))
     try:
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
         config = AutoConfig.from_pretrained(model_dir)
         AutoTokenizer.from_pretrained(model_dir)
+        GenerationConfig.from_pretrained(model_dir)  # what verl's checkpoint save calls
     except Exception as exc:  # any loader failure is the user's model folder, reported in one line
         return Check("model", False, f"{model_dir} does not load with transformers: {exc}")
     return Check("model", True, f"{model_dir} ({config.model_type})")
+
+
+def _row_counts(files: list[Path]) -> tuple[dict[Path, int], dict[Path, str]]:
+    """Each file's row count, read from its footer, or why verl could not read it."""
+    rows: dict[Path, int] = {}
+    unreadable: dict[Path, str] = {}
+    for path in files:
+        try:
+            rows[path] = data.parquet_rows(path)
+        except data.DataError as exc:
+            unreadable[path] = str(exc)
+    return rows, unreadable
+
+
+def _data_fix(path: Path, source: Path) -> str:
+    if path.name not in data.PREPARED:
+        return f"copy it again (verlbox makes only {', '.join(data.PREPARED)})"
+    return (
+        f"delete it and `train` makes it again (fetching GSM8K into {source} first), or make it with "
+        f"`verlbox prepare-data gsm8k --source DIR --out {path.parent}`"
+    )
+
+
+def check_data(files: list[Path], source: Path, say: Callable[[str], None]) -> Check:
+    """verl's parquet files open and hold rows: a half-copied file passes an existence check, not verl's loader.
+
+    An unreadable file of those prepare_gsm8k writes is made again from the raw GSM8K download at SOURCE when
+    that is there (prepare_gsm8k replaces files through a temporary one, so the broken file is no obstacle);
+    every other unreadable file is one sentence."""
+    rows, unreadable = _row_counts(files)
+    folders = sorted({path.parent for path in unreadable if path.name in data.PREPARED})
+    if folders and source.is_dir() and any(source.iterdir()):
+        for folder in folders:
+            try:
+                written = data.prepare_gsm8k(source, folder)
+            except data.DataError as exc:
+                return Check("data", False, f"{folder} has unreadable files; making them again from {source}: {exc}")
+            why = "; ".join(problem for path, problem in unreadable.items() if path.parent == folder)
+            made = ", ".join(f"{name} {count} rows" for name, (count, _) in written.items())
+            say(f"{why}: made {folder} again from {source} ({made})")
+        rows, unreadable = _row_counts(files)
+    if unreadable:
+        return Check("data", False, "; ".join(f"{why}: {_data_fix(path, source)}" for path, why in unreadable.items()))
+    return Check("data", True, ", ".join(f"{path} ({count} rows)" for path, count in rows.items()))
 
 
 def check_shared_memory(minimum_gib: float = 1.0, shm: Path = Path("/dev/shm")) -> Check:

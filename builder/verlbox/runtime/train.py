@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from verlbox.errors import PreflightFailed, UsageError, VerlboxError
-from verlbox.runtime import cluster, hub, preflight
+from verlbox.runtime import checkpoints, cluster, hub, preflight
 from verlbox.runtime.data import prepare_gsm8k
 from verlbox.runtime.memory_cap import SITECUSTOMIZE_DIR
 from verlbox.runtime.overrides import (
@@ -168,9 +168,9 @@ def provide_model(overrides: list[str], environ: dict[str, str], console: Consol
 def ensure_data(overrides: list[str], environ: dict[str, str], console: Console) -> preflight.Check:
     """verl's parquet files, made from the raw GSM8K download (fetched first when missing) unless already there."""
     files = [Path(v) for key in DATA_KEYS if (v := override_value(overrides, key))]
-    if all(path.is_file() for path in files):
-        return preflight.Check("data", True, ", ".join(map(str, files)))
     raw = Path(environ.get("VERLBOX_GSM8K_SOURCE") or DEFAULT_RAW_GSM8K)
+    if all(path.is_file() for path in files):  # opened, not only found: a half-copied file is rebuilt or named
+        return preflight.check_data(files, raw, lambda text: console.print(text, markup=False))
     download = provide("data", hub.source_from_environment("data", environ), raw, environ, console)
     if not download.ok:
         return download
@@ -262,6 +262,7 @@ def train(
         overrides = verified_overrides(plan, user_overrides)
         console.print(f"training on {topology.describe()}: {topology.world_size} GPU(s)")
         if dry_run:
+            checkpoints.prepare(overrides, environ, lambda line: console.print(line, markup=False), dry_run=True)
             print_dry_run(plan, overrides, environ, gpu_memory_gib)
             return 0
         for warning in preflight.dead_variables(environ):
@@ -277,6 +278,9 @@ def train(
     failed = [check for check in checks if not check.ok]
     if failed:
         raise PreflightFailed("\n".join(f"preflight {check.name}: {check.detail}" for check in failed))
+    # the tracker verl resumes from, the saves it forgot, the room its next saves need: after the checks, so a
+    # machine that cannot train changes nothing
+    checkpoints.prepare(overrides, environ, lambda line: console.print(line, markup=False), dry_run=False)
     console.print(f"preflight: {len(checks)} checks passed ({checks[0].detail}); starting verl PPO")
     command = train_command(overrides)
     sys.stdout.flush()
