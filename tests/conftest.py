@@ -32,6 +32,14 @@ def sources_dir() -> Path:
     return Path(folder)
 
 
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """An experiment's checkpoint folder (verl's trainer.default_local_dir), empty."""
+    folder = tmp_path / "checkpoints" / "exp"
+    folder.mkdir(parents=True)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """verlbox installed from its wheel (not editable) into a fresh venv, as a user's `pip install` gets it."""

@@ -106,13 +106,6 @@ def run(overrides: list[str], *, dry_run: bool = False, environ: dict[str, str] 
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    folder = tmp_path / "checkpoints" / "exp"
-    folder.mkdir(parents=True)
-    return folder
-
-
-@pytest.fixture
 def small_model(monkeypatch: pytest.MonkeyPatch) -> None:
     """For tests of the tracker and the folders: the profile's model folder is not here, and a tiny model's
     saves fit on any disk, so the free-space check passes with one line."""

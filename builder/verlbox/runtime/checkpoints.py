@@ -6,17 +6,20 @@ verl's FSDP trainer saves step N to `{trainer.default_local_dir}/global_step_N/`
 `fsdp_config.json` (fsdp_checkpoint_manager.py, `save_checkpoint`), then `data.pt` (the dataloader),
 then `latest_checkpointed_iteration.txt` beside the step folders (opened with "w": truncated, then
 written). With resume_mode=auto it resumes from the folder that file names (checkpoint_manager.py,
-`find_latest_ckpt_path`, which calls int() on its text). Three things go wrong over a long run:
+`find_latest_ckpt_path`, which calls int() on its text). Four things go wrong over a long run:
 
 - a crash between truncating and writing leaves the tracker empty, and int("") fails every start;
   a crash mid-save, or a folder deleted by hand, leaves it naming a folder that cannot be loaded;
 - verl rotates `max_*_ckpt_to_keep` saves through a list held in memory, so every restart forgets
   the earlier saves and they stay on disk for good (its rotation also deletes only `actor/` and
   `critic/`, leaving a folder with just `data.pt`);
-- a disk that fills mid-save kills the run hours in, with a half-written step folder.
+- a disk that fills mid-save kills the run hours in, with a half-written step folder;
+- verl saves no config, so a restart with another GPU count, batch, learning rate or model resumes
+  wrongly or fails inside verl (see RUN_RECORD).
 
-So, before verl starts: the tracker is made to name the newest complete save (or removed), stale
-step folders are removed, and the free space is checked against what the run will write.
+So, before verl starts: a resume whose settings changed is refused, this run's settings are recorded,
+the tracker is made to name the newest complete save (or removed), stale step folders are removed, and
+the free space is checked against what the run will write.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from verlbox.errors import PreflightFailed
+from verlbox.errors import PreflightFailed, VerlboxError
 from verlbox.files import write_atomically
+from verlbox.runtime import hub
 from verlbox.runtime.overrides import OverrideError, override_int, override_value
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -143,6 +147,12 @@ def is_complete(step_folder: Path, load_contents: dict[str, tuple[str, ...]]) ->
     """Every role holds every rank's files for one world size (the one verl saved with), and data.pt is there."""
     if not (step_folder / DATALOADER_FILE).is_file():
         return False
+    sizes = saved_world_sizes(step_folder, load_contents)
+    return sizes is None or bool(sizes)
+
+
+def saved_world_sizes(step_folder: Path, load_contents: dict[str, tuple[str, ...]]) -> set[int] | None:
+    """The world sizes W for which every role holds every rank's files; None: nothing is loaded from the roles."""
     common: set[int] | None = None
     for role, contents in load_contents.items():
         complete = _complete_world_sizes(
@@ -150,7 +160,7 @@ def is_complete(step_folder: Path, load_contents: dict[str, tuple[str, ...]]) ->
         )
         if complete is not None:
             common = complete if common is None else common & complete
-    return common is None or bool(common)
+    return common
 
 
 def _complete_world_sizes(role_folder: Path, prefixes: set[str]) -> set[int] | None:
@@ -366,3 +376,184 @@ def prepare(overrides: list[str], environ: Mapping[str, str], say: Callable[[str
     existing = next(parent for parent in (folder, *folder.parents) if parent.exists())
     free = shutil.disk_usage(existing).free + (freed if dry_run else 0)  # a dry run removed nothing
     say(check_free_space(settings, step_bytes, free, environ, dry_run=dry_run))
+
+
+# Resuming. verl saves no config beside its checkpoints and takes the run's settings from the new start, so a
+# restart with other settings resumes wrongly or not at all: verl loads only its own world size's rank files
+# (FileNotFoundError .../model_world_size_2_rank_0.pt with two GPUs over a one-GPU save); torch's
+# Optimizer.load_state_dict puts back the saved param_groups (lr, weight_decay) and the scheduler its own, so a
+# new lr is silently ignored; the step comes from the folder's name while the total is counted again from the
+# new batch and epochs (64 -> 128 prompts after step 50 ends the run early). So verlbox records the settings a
+# resume must keep, beside the tracker, at every start, and compares them before verl resumes.
+RUN_RECORD = "verlbox-run.json"
+RUN_RECORD_FORMAT = 1
+WORLD_SIZE = "trainer.n_gpus_per_node x trainer.nnodes"
+# the settings a resume must keep, with why, for the refusal; optim keys as verl 0.4.1's workers read them
+# (fsdp_workers.py: lr_warmup_steps also for the critic, through .get); total_training_steps under optim is
+# injected by the trainer from trainer.total_*, so it is not a setting of its own
+KEPT: dict[str, str] = {
+    WORLD_SIZE: "verl loads only the rank files of its own world size",
+    "data.train_batch_size": "the saved step counts batches of the old size, the run's total those of the new",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "the PPO updates per step would change midway through the run",
+    "critic.ppo_mini_batch_size": "the PPO updates per step would change midway through the run",
+    "actor_rollout_ref.rollout.n": "the samples per prompt would change midway through the run",
+    "trainer.total_epochs": "the saved step and the LR schedule count towards the old total",
+    "trainer.total_training_steps": "the saved step and the LR schedule count towards the old total",
+    "algorithm.adv_estimator": "GAE saves a critic and GRPO none",
+    "profile": "the saved state was trained under another profile's precision and sizes",
+    **{
+        f"{section}.optim.{key}": "the saved optimizer and LR scheduler state would win over the new value"
+        for section in ("actor_rollout_ref.actor", "critic")
+        for key in (
+            "lr",
+            "lr_warmup_steps",
+            "lr_warmup_steps_ratio",
+            "min_lr_ratio",
+            "num_cycles",
+            "warmup_style",
+            "weight_decay",
+        )
+    },
+    "actor_rollout_ref.model.path": "the saved weights are another model's",
+    "critic.model.path": "the saved weights are another model's",
+}
+# a fetched model is the same model wherever its folder is: its commit, when both records have one, decides
+MODEL_COMMITS = {"actor_rollout_ref.model.path": "actor model commit", "critic.model.path": "critic model commit"}
+
+
+def run_record(overrides: list[str], profile: str) -> dict[str, str | None]:
+    """The settings a resume must keep, as this run gives them; None: not set, so verl's default."""
+    record: dict[str, str | None] = {key: override_value(overrides, key) for key in KEPT}
+    world_size = override_int(overrides, "trainer.n_gpus_per_node", 1) * override_int(overrides, "trainer.nnodes", 1)
+    record |= {WORLD_SIZE: str(world_size), "profile": profile}
+    for path_key, commit_key in MODEL_COMMITS.items():
+        fetched = _fetch_record(Path(record[path_key] or ""))
+        if fetched is not None:
+            record[commit_key] = fetched.commit
+    return record
+
+
+def _fetch_record(model: Path) -> hub.Record | None:
+    # a broken fetch record is the model preflight's news; here it only means no commit to compare
+    try:
+        return hub.read_record(model)
+    except (VerlboxError, OSError):
+        return None
+
+
+def resumed_step(settings: Settings, folder: Path) -> StepFolder | None:
+    """The complete save verl will load at this start (after prepare's tracker repair); None: it starts afresh."""
+    if settings.resume_mode == "resume_path" and settings.resume_from:
+        path = settings.resume_from if settings.resume_from.is_absolute() else Path.cwd() / settings.resume_from
+        match = STEP_FOLDER.fullmatch(path.name)
+        if match and path.is_dir() and is_complete(path, settings.load_contents):
+            return StepFolder(int(match[1]), path, True)
+        return None
+    if settings.resume_mode != "auto":
+        return None
+    steps = scan(folder, settings.load_contents)
+    tracked = read_tracker(folder)
+    fix = tracker_fix(tracked, steps)
+    target = fix.step if fix else tracked
+    return next((s for s in steps if s.step == target and s.complete), None)
+
+
+def read_run_record(path: Path) -> dict[str, str | None] | None:
+    """The settings a record holds; None: no record (saved before verlbox kept one), or one that cannot be read."""
+    try:
+        settings = json.loads(path.read_text())["settings"]
+        return {str(key): None if value is None else str(value) for key, value in settings.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def resume_changes(
+    saved: StepFolder,
+    old: dict[str, str | None] | None,
+    new: dict[str, str | None],
+    load_contents: dict[str, tuple[str, ...]],
+) -> list[tuple[str, str, str]]:
+    """(setting, saved value, this run's value) for each setting that differs; a setting an older record lacks
+    is not compared. The world size comes from the save's own rank files, which are there without a record."""
+    changes = []
+    sizes = saved_world_sizes(saved.path, load_contents)
+    if sizes and int(new[WORLD_SIZE] or 1) not in sizes:
+        changes.append((WORLD_SIZE, " or ".join(map(str, sorted(sizes))), new[WORLD_SIZE] or "1"))
+    if old is None:
+        return changes
+    same_model = {key for key, commit in MODEL_COMMITS.items() if old.get(commit) and new.get(commit)}
+    for key in [*KEPT, *MODEL_COMMITS.values()]:
+        if key == WORLD_SIZE or key in same_model or key not in old:
+            continue
+        if key in MODEL_COMMITS.values() and not new.get(key):
+            continue  # the model folder is now one filled by hand: its path is compared instead
+        if not _same(old[key], new.get(key)):
+            changes.append((key, _show(old[key]), _show(new.get(key))))
+    return changes
+
+
+def _same(old: str | None, new: str | None) -> bool:
+    if old is None or new is None:
+        return old == new
+    try:  # overrides are text: 1e-6 and 0.000001 are one learning rate
+        return float(old) == float(new)
+    except ValueError:
+        return old == new
+
+
+def _show(value: str | None) -> str:
+    return "unset (verl's default)" if value is None else value
+
+
+def next_free(folder: Path) -> Path:
+    """FOLDER-2, FOLDER-3, ...: the first that does not exist, for a new experiment beside the old one."""
+    return next(path for n in range(2, 10**6) if not (path := folder.with_name(f"{folder.name}-{n}")).exists())
+
+
+def check_resume(
+    overrides: list[str], profile: str, environ: Mapping[str, str], say: Callable[[str], None], *, dry_run: bool
+) -> None:
+    """Refuse a start that would resume a save made with other settings (PreflightFailed, one sentence naming
+    what changed and the two ways on); then record this run's settings beside the tracker for the next start.
+    A dry run says what it would refuse and writes nothing."""
+    settings = Settings.from_overrides(overrides)
+    if "${" in str(settings.folder):  # prepare says so; Hydra resolves it later
+        return
+    folder = settings.folder if settings.folder.is_absolute() else Path.cwd() / settings.folder  # as verl does
+    new = run_record(overrides, profile)
+    saved = resumed_step(settings, folder)
+    if saved is not None:
+        old = read_run_record(saved.path.parent / RUN_RECORD)
+        changes = resume_changes(saved, old, new, settings.load_contents)
+        if changes:
+            sentence = refusal(saved, changes, folder, override_value(overrides, "trainer.experiment_name"), environ)
+            if not dry_run:
+                raise PreflightFailed(f"checkpoints: {sentence}")
+            say(f"checkpoints: would refuse to start: {sentence}")
+            return
+        checked = "its settings match this run's" if old else f"it has no readable {RUN_RECORD}: only its world size"
+        say(f"checkpoints: verl resumes from {saved.path.name}; {checked} ({WORLD_SIZE}={new[WORLD_SIZE]})")
+    if not dry_run:
+        record = {"format": RUN_RECORD_FORMAT, "settings": new}
+        write_atomically(folder / RUN_RECORD, json.dumps(record, indent=2) + "\n")
+
+
+def refusal(
+    saved: StepFolder,
+    changes: list[tuple[str, str, str]],
+    folder: Path,
+    experiment: str | None,
+    environ: Mapping[str, str],
+) -> str:
+    """What changed, why it matters, and the two ways on: the old settings, or a fresh folder beside this one."""
+    fresh = next_free(folder)
+    # the profile puts the run in {checkpoints}/{experiment}: VERLBOX_EXPERIMENT moves both, for every restart
+    uses_experiment = experiment == folder.name and environ.get("VERLBOX_EXPERIMENT", folder.name) == folder.name
+    way = f"VERLBOX_EXPERIMENT={fresh.name}" if uses_experiment else f"trainer.default_local_dir={fresh}"
+    reasons = dict.fromkeys(KEPT.get(key, KEPT["actor_rollout_ref.model.path"]) for key, _, _ in changes)
+    return (
+        f"{saved.path} was saved with {' and '.join(f'{key}={old}' for key, old, _ in changes)} and this run asks "
+        f"for {' and '.join(new for _, _, new in changes)} ({'; '.join(reasons)}): restore the "
+        f"setting{'s' if len(changes) > 1 else ''}, or start a new experiment in a fresh folder with {way} "
+        "(nothing is deleted)"
+    )

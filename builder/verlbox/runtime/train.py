@@ -252,6 +252,9 @@ def train(
     gpus_per_node: int | None = None,
     nodes: int | None = None,
 ) -> int:
+    def say(line: str) -> None:
+        console.print(line, markup=False)
+
     environ = dict(os.environ)
     address = environ.get("RAY_ADDRESS")
     if address:
@@ -262,7 +265,8 @@ def train(
         overrides = verified_overrides(plan, user_overrides)
         console.print(f"training on {topology.describe()}: {topology.world_size} GPU(s)")
         if dry_run:
-            checkpoints.prepare(overrides, environ, lambda line: console.print(line, markup=False), dry_run=True)
+            checkpoints.check_resume(overrides, plan.profile.name, environ, say, dry_run=True)
+            checkpoints.prepare(overrides, environ, say, dry_run=True)
             print_dry_run(plan, overrides, environ, gpu_memory_gib)
             return 0
         for warning in preflight.dead_variables(environ):
@@ -278,9 +282,10 @@ def train(
     failed = [check for check in checks if not check.ok]
     if failed:
         raise PreflightFailed("\n".join(f"preflight {check.name}: {check.detail}" for check in failed))
-    # the tracker verl resumes from, the saves it forgot, the room its next saves need: after the checks, so a
-    # machine that cannot train changes nothing
-    checkpoints.prepare(overrides, environ, lambda line: console.print(line, markup=False), dry_run=False)
+    # a resume with other settings refused before anything changes; then the tracker verl resumes from, the saves
+    # it forgot, the room its next saves need: all after the checks, so a machine that cannot train changes nothing
+    checkpoints.check_resume(overrides, plan.profile.name, environ, say, dry_run=False)
+    checkpoints.prepare(overrides, environ, say, dry_run=False)
     console.print(f"preflight: {len(checks)} checks passed ({checks[0].detail}); starting verl PPO")
     command = train_command(overrides)
     sys.stdout.flush()
