@@ -124,11 +124,11 @@ def missing_mounts(service: dict[str, Any]) -> list[str]:
 def check_before_run(args: argparse.Namespace, engine: Any, service: dict[str, Any]) -> None:
     from verlbox.host.diskspace import local_data_folder
     from verlbox.host.doctor import require_nvidia_runtime
-    from verlbox.host.engine import image_exists
+    from verlbox.host.engine import require_image
 
     image = service.get("image")  # none where the folder's compose file builds its own
-    if image and not image_exists(engine, image):
-        raise VerlboxError(f"{image} is not on this engine: {missing_image_fix(image, args.recipe)}")
+    if image:
+        require_image(image, missing_image_fix(image, args.recipe))
     if not args.no_gpu:
         require_nvidia_runtime("; or `verlbox shell --no-gpu` to start without a GPU", engine)
     # bind sources are paths on the engine's machine: only a local engine's can be checked here
