@@ -402,7 +402,7 @@ def test_a_folder_not_made_yet_is_checked_on_its_nearest_existing_parent(
 def test_train_repairs_before_verl_starts_and_refuses_without_room(
     root: Path, qwen_overrides: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The wiring: after the preflight passes, before exec; a short disk is a preflight failure (exit 3)."""
+    """The wiring: after the preflight passes, before verl starts; a short disk is a preflight failure (exit 3)."""
     spec = load_recipe("p40-cu124").image_spec()
     user = [o for o in qwen_overrides if o.startswith(("actor_rollout_ref.model.path=", "critic.model.path="))]
     for name, value in {"VERLBOX_CHECKPOINT_DIR": str(root.parent), "VERLBOX_EXPERIMENT": root.name}.items():
@@ -410,7 +410,7 @@ def test_train_repairs_before_verl_starts_and_refuses_without_room(
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(train_module, "run_local_preflight", lambda *args: [preflight.Check("gpu", True, "a fake P40")])
     started: list[list[str]] = []
-    monkeypatch.setattr(train_module.os, "execvpe", lambda file, args, env: started.append(args))
+    monkeypatch.setattr(train_module.supervisor, "supervise", lambda command, *args, **kw: started.append(command))
     save_step(root, 25)
     tracker(root).write_text("")
     output = io.StringIO()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from verlbox.runtime import supervisor
 
 
 def compose_config(project: Path, env: dict[str, str], *profiles: str) -> subprocess.CompletedProcess[str]:
@@ -46,7 +47,10 @@ def test_train_service_reserves_the_gpu_and_runs_as_the_user(tmp_path: Path, com
         {"capabilities": ["gpu"], "driver": "nvidia", "count": 1}
     ]
     assert int(train["shm_size"]) >= 8 * 2**30
-    assert train["restart"] == "on-failure:3"
+    # no lifetime budget: verl's crashes restart inside, and a halt holds instead of exiting into a loop
+    assert train["restart"] == "on-failure"
+    assert train["environment"]["VERLBOX_ON_HALT"] == "wait"
+    assert str(supervisor.HALT_FILE) in " ".join(train["healthcheck"]["test"])
     mounts = {volume["target"]: volume for volume in train["volumes"]}
     assert set(mounts) == {"/models", "/data", "/checkpoints", "/cache/huggingface"}
     assert "read_only" not in mounts["/models"]  # train fetches a missing model into it

@@ -216,7 +216,7 @@ def test_the_record_is_replaced_in_one_step(saved: Path, monkeypatch: pytest.Mon
 
 
 def test_train_refuses_before_verl_starts_and_changes_nothing(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The wiring: after the preflight passes, before the tracker repair and exec; a refusal is exit 3."""
+    """The wiring: after the preflight passes, before the tracker repair and verl; a refusal is exit 3."""
     spec = load_recipe("p40-cu124").image_spec()
     for name, value in {"VERLBOX_CHECKPOINT_DIR": str(root.parent), "VERLBOX_EXPERIMENT": root.name}.items():
         monkeypatch.setenv(name, value)
@@ -225,7 +225,7 @@ def test_train_refuses_before_verl_starts_and_changes_nothing(root: Path, monkey
     # a tiny model's saves fit on any disk: the free-space check passes
     monkeypatch.setattr(checkpoints, "model_size", lambda folder: ModelSize(1000, 0, 0))
     started: list[list[str]] = []
-    monkeypatch.setattr(train_module.os, "execvpe", lambda file, args, env: started.append(args))
+    monkeypatch.setattr(train_module.supervisor, "supervise", lambda command, *args, **kw: started.append(command))
     output = io.StringIO()
     console = Console(file=output, soft_wrap=True, width=10_000)
 

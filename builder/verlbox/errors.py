@@ -1,11 +1,13 @@
 """User-facing errors: the CLI prints each as one line and exits with its code, never a traceback.
 
 Exit codes (the README lists them): 2 bad input (a recipe, an argument, an environment value, an
-output path), 3 a preflight check failed, 1 anything else (a failed build, a missing engine).
+output path), 3 a preflight check failed, 4 a training run halted (a crash loop), 1 anything else (a
+failed build, a missing engine).
 """
 
 BAD_INPUT = 2
 PREFLIGHT_FAILED = 3
+RUN_HALTED = 4
 
 
 class VerlboxError(Exception):
@@ -33,6 +35,12 @@ class RecipeError(UsageError):
 
 class PreflightFailed(VerlboxError):
     exit_code = PREFLIGHT_FAILED
+
+
+class RunHalted(VerlboxError):
+    """verl kept failing: restarting it would only repeat the failure."""
+
+    exit_code = RUN_HALTED
 
 
 class BuildError(VerlboxError):

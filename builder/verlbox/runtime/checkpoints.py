@@ -81,6 +81,13 @@ class Settings:
     actor_model: Path
     critic_model: Path | None
 
+    @property
+    def local_folder(self) -> Path | None:
+        """The folder as verl resolves it (relative to its working directory); None: Hydra resolves it later."""
+        if "${" in str(self.folder):
+            return None
+        return self.folder if self.folder.is_absolute() else Path.cwd() / self.folder
+
     @classmethod
     def from_overrides(cls, overrides: list[str]) -> Settings:
         # verl 0.4.1 uses a critic exactly for GAE (ray_trainer.py, RayPPOTrainer.__init__), the yaml's default
@@ -326,10 +333,10 @@ def prepare(overrides: list[str], environ: Mapping[str, str], say: Callable[[str
     """Repair the tracker, remove stale step folders and check the free space, one line each; a dry run
     changes nothing and says what it would do."""
     settings = Settings.from_overrides(overrides)
-    if "${" in str(settings.folder):
+    folder = settings.local_folder
+    if folder is None:
         say(f"checkpoints: trainer.default_local_dir={settings.folder} is resolved by Hydra later; not checked")
         return
-    folder = settings.folder if settings.folder.is_absolute() else Path.cwd() / settings.folder  # as verl does
     steps = scan(folder, settings.load_contents)
     tracked = read_tracker(folder)
     fix = tracker_fix(tracked, steps) if settings.resume_mode == "auto" else None
@@ -458,6 +465,13 @@ def resumed_step(settings: Settings, folder: Path) -> StepFolder | None:
     return next((s for s in steps if s.step == target and s.complete), None)
 
 
+def newest_step(overrides: list[str]) -> int | None:
+    """The step verl would resume from now (None: none, or a folder Hydra resolves later)."""
+    settings = Settings.from_overrides(overrides)
+    saved = resumed_step(settings, settings.local_folder) if settings.local_folder else None
+    return saved.step if saved else None
+
+
 def read_run_record(path: Path) -> dict[str, str | None] | None:
     """The settings a record holds; None: no record (saved before verlbox kept one), or one that cannot be read."""
     try:
@@ -517,9 +531,9 @@ def check_resume(
     what changed and the two ways on); then record this run's settings beside the tracker for the next start.
     A dry run says what it would refuse and writes nothing."""
     settings = Settings.from_overrides(overrides)
-    if "${" in str(settings.folder):  # prepare says so; Hydra resolves it later
+    folder = settings.local_folder
+    if folder is None:  # prepare says so; Hydra resolves it later
         return
-    folder = settings.folder if settings.folder.is_absolute() else Path.cwd() / settings.folder  # as verl does
     new = run_record(overrides, profile)
     saved = resumed_step(settings, folder)
     if saved is not None:

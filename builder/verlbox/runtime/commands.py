@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from verlbox.errors import UsageError
+from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
 from verlbox.runtime.spec import SPEC_VARIABLE, ImageSpec, baked_spec
 
@@ -35,6 +35,22 @@ def _missing(*modules: str) -> list[str]:
 
 
 def train(args: argparse.Namespace) -> int:
+    """`train`; under compose (VERLBOX_ON_HALT=wait) a run that cannot go on holds with its reason instead of
+    exiting into Docker's restart of the same failure."""
+    from verlbox.runtime import supervisor
+
+    waits = supervisor.holds(os.environ)
+    supervisor.clear_halt()
+    try:
+        return _train(args)
+    except VerlboxError as exc:
+        if not waits:
+            raise
+        err.print(f"verlbox: error: {exc}", markup=False)
+        return supervisor.hold(exc.exit_code, str(exc), lambda text: err.print(text, markup=False))
+
+
+def _train(args: argparse.Namespace) -> int:
     from verlbox.runtime.memory_cap import gib_from_environment, parse_gib
 
     # bad input is named wherever it is given; only then is this the wrong place to train

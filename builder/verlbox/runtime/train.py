@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from verlbox.errors import PreflightFailed, UsageError, VerlboxError
-from verlbox.runtime import checkpoints, cluster, hub, preflight
+from verlbox.runtime import checkpoints, cluster, hub, preflight, supervisor
 from verlbox.runtime.data import prepare_gsm8k
 from verlbox.runtime.memory_cap import SITECUSTOMIZE_DIR
 from verlbox.runtime.overrides import (
@@ -256,6 +256,7 @@ def train(
         console.print(line, markup=False)
 
     environ = dict(os.environ)
+    policy = supervisor.RestartPolicy.from_environment(environ)
     address = environ.get("RAY_ADDRESS")
     if address:
         cluster.connect(address)
@@ -287,10 +288,16 @@ def train(
     checkpoints.check_resume(overrides, plan.profile.name, environ, say, dry_run=False)
     checkpoints.prepare(overrides, environ, say, dry_run=False)
     console.print(f"preflight: {len(checks)} checks passed ({checks[0].detail}); starting verl PPO")
-    command = train_command(overrides)
     sys.stdout.flush()
-    os.execvpe(command[0], command, train_environment(plan, environ, gpu_memory_gib))
-    return 0  # not reached: exec replaces this process
+    return supervisor.supervise(
+        train_command(overrides),
+        train_environment(plan, environ, gpu_memory_gib),
+        policy,
+        newest_step=lambda: checkpoints.newest_step(overrides),
+        # a crash can cut a save short: the tracker is repaired and the room checked again before verl resumes
+        before_restart=lambda: checkpoints.prepare(overrides, environ, say, dry_run=False),
+        say=say,
+    )
 
 
 def print_dry_run(

@@ -1,0 +1,207 @@
+"""verl under watch: a crash restarts it (it resumes from its newest checkpoint) for as long as the run makes
+progress; a crash loop stops with its reason.
+
+Docker's `restart: on-failure:N` counts failures over the container's whole life, so three crashes spread
+over a week ended a run, and a preflight failure spent the same budget looping into the same error. Here the
+container's process stays up while verl restarts, so Docker restarts only what died with the machine (a
+reboot, a daemon restart). A run that cannot go on halts: under compose (VERLBOX_ON_HALT=wait) it holds, its
+reason in the log and in HALT_FILE for the healthcheck, instead of exiting into Docker's restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from verlbox.errors import RunHalted, UsageError
+
+# compose's healthcheck looks for it: a halted run shows as unhealthy in `docker compose ps`
+HALT_FILE = Path("/tmp/verlbox-halted")
+ON_HALT = "VERLBOX_ON_HALT"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """FAILURES failures within WINDOW_S seconds is a crash loop, and so is FAILURES failures in a row that
+    left no newer checkpoint (each attempt dies before its first save: restarting only repeats it)."""
+
+    failures: int = 3
+    window_s: float = 900.0
+    delay_s: float = 30.0  # before a restart: GPU memory of the dead processes is freed, a shared folder settles
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> RestartPolicy:
+        return cls(
+            failures=int(_number(environ, "VERLBOX_RESTART_FAILURES", cls.failures, minimum=1, whole=True)),
+            window_s=_number(environ, "VERLBOX_RESTART_WINDOW_S", cls.window_s, minimum=0),
+            delay_s=_number(environ, "VERLBOX_RESTART_DELAY_S", cls.delay_s, minimum=0),
+        )
+
+    def halt_reason(self, attempts: Sequence[Attempt]) -> str | None:
+        """Why the run stops after these failed attempts (oldest first); None: restart it."""
+        last = attempts[-1]
+        recent = [a for a in attempts if a.ended_at >= last.ended_at - self.window_s]
+        if len(recent) >= self.failures:
+            return f"{len(recent)} failures within {show_duration(self.window_s)}: a crash loop"
+        tail = attempts[-self.failures :]
+        if len(tail) == self.failures and not any(a.progressed for a in tail):
+            return f"{self.failures} failures in a row, none after a new checkpoint: every restart dies before saving"
+        return None
+
+
+def _number(environ: Mapping[str, str], name: str, default: float, *, minimum: float, whole: bool = False) -> float:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value: float | None = int(raw) if whole else float(raw)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value < minimum:
+        kind = "a whole number" if whole else "a number of seconds"
+        raise UsageError(f"{name}={raw}: expected {kind} >= {minimum:g}")
+    return value
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One failed run of verl."""
+
+    exit_code: int
+    ran_s: float
+    ended_at: float
+    progressed: bool  # a newer complete checkpoint than the one it started from
+
+
+def show_duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code}"
+
+
+class StopRequest:
+    """The signals that stop the run (docker stop's SIGTERM, Ctrl-C), passed on to verl's process group; a
+    second one kills the group at once."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.child: subprocess.Popen[bytes] | None = None
+        self._event = threading.Event()
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopRequest:
+        for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        forward = signal.SIGKILL if self.signal is not None else signum
+        self.signal = signum
+        self._event.set()
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # the group has ended already
+                os.killpg(self.child.pid, forward)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to SECONDS; True when a stop signal came."""
+        return self._event.wait(seconds)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signal or 0)
+
+
+def supervise(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    policy: RestartPolicy,
+    *,
+    newest_step: Callable[[], int | None],
+    before_restart: Callable[[], None],
+    say: Callable[[str], None],
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Run COMMAND until it succeeds (0), is stopped by a signal (128 + the signal), or halts (RunHalted)."""
+    attempts: list[Attempt] = []
+    with StopRequest() as stop:
+        while True:
+            started_from = newest_step()
+            started = clock()
+            # its own process group: a stop reaches verl and what it started, not only the driver
+            stop.child = subprocess.Popen(list(command), env=dict(env), start_new_session=True)
+            code = stop.child.wait()
+            if code == 0:
+                return 0
+            if stop.signal is not None:
+                say(f"verl stopped ({describe_exit(code)}) on {signal.Signals(stop.signal).name}")
+                return stop.exit_code
+            saved = newest_step()
+            ended = clock()
+            attempts.append(Attempt(code, ended - started, ended, saved is not None and saved != started_from))
+            where = f"global_step_{saved}" if saved is not None else "the start (no complete checkpoint)"
+            reason = policy.halt_reason(attempts)
+            if reason:
+                raise RunHalted(
+                    f"verl failed ({describe_exit(code)} after {show_duration(ended - started)}); {reason}, so it is "
+                    f"not restarted: the cause is in the lines above. Fixed, the next start resumes from {where}"
+                )
+            say(
+                f"verl failed ({describe_exit(code)} after {show_duration(ended - started)}); restart "
+                f"{len(attempts)} in {show_duration(policy.delay_s)}, resuming from {where}"
+            )
+            if stop.wait(policy.delay_s):
+                return stop.exit_code
+            before_restart()
+
+
+def holds(environ: Mapping[str, str]) -> bool:
+    value = environ.get(ON_HALT, "exit")
+    if value not in ("exit", "wait"):
+        raise UsageError(f"{ON_HALT}={value}: expected exit (the default) or wait (compose: no restart into it)")
+    return value == "wait"
+
+
+def clear_halt() -> None:
+    HALT_FILE.unlink(missing_ok=True)
+
+
+def hold(exit_code: int, reason: str, say: Callable[[str], None]) -> int:
+    """Stay up with the reason on record until stopped, then exit with EXIT_CODE: an exit would have Docker
+    restart the container into the same failure."""
+    try:
+        HALT_FILE.write_text(reason + "\n")
+    except OSError as exc:
+        say(f"halted; cannot write {HALT_FILE} for the healthcheck ({exc.strerror or exc})")
+    say(
+        "halted: holding here (no restart into the same failure); after fixing it: "
+        "`docker compose up -d --force-recreate train`, or stop with `docker compose down`"
+    )
+    with StopRequest() as stop:
+        while not stop.wait(3600):
+            pass
+    return exit_code

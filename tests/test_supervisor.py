@@ -1,0 +1,177 @@
+"""The restart policy around verl: real child processes that fail fast, fail late, or are stopped by a signal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from verlbox.errors import RUN_HALTED, RunHalted, UsageError
+from verlbox.runtime import supervisor
+from verlbox.runtime.supervisor import Attempt, RestartPolicy
+
+
+def counting_command(tmp_path: Path, body: str) -> list[str]:
+    """A child that counts its runs in tmp_path/runs (its run number is N) and then runs BODY."""
+    counter = tmp_path / "runs"
+    script = (
+        "import pathlib, sys, time\n"
+        f"c = pathlib.Path({str(counter)!r})\n"
+        "N = int(c.read_text() or 0) + 1 if c.exists() else 1\n"
+        "c.write_text(str(N))\n" + body
+    )
+    return [sys.executable, "-c", script]
+
+
+def runs(tmp_path: Path) -> int:
+    return int((tmp_path / "runs").read_text())
+
+
+def test_a_command_that_fails_fast_halts_after_the_policy_s_failures(tmp_path: Path) -> None:
+    said: list[str] = []
+    prepared: list[int] = []
+    policy = RestartPolicy(failures=3, window_s=60, delay_s=0)
+    with pytest.raises(RunHalted) as halted:
+        supervisor.supervise(
+            counting_command(tmp_path, "sys.exit(7)"),
+            dict(os.environ),
+            policy,
+            newest_step=lambda: None,
+            before_restart=lambda: prepared.append(1),
+            say=said.append,
+        )
+    assert runs(tmp_path) == 3
+    assert len(prepared) == 2  # the tracker is repaired before each restart, not after the last failure
+    message = str(halted.value)
+    assert "exit 7" in message and "3 failures within 60 s: a crash loop" in message
+    assert "resumes from the start" in message
+    assert halted.value.exit_code == RUN_HALTED
+    assert [line.split(";")[1].strip() for line in said] == [
+        "restart 1 in 0 s, resuming from the start (no complete checkpoint)",
+        "restart 2 in 0 s, resuming from the start (no complete checkpoint)",
+    ]
+
+
+def test_a_command_that_fails_late_restarts_with_no_lifetime_budget(tmp_path: Path) -> None:
+    """Failures further apart than the window, each after a new checkpoint, restart however many there are."""
+    said: list[str] = []
+    policy = RestartPolicy(failures=2, window_s=0.5, delay_s=0)
+    code = supervisor.supervise(
+        counting_command(tmp_path, "time.sleep(0.7)\nsys.exit(0 if N == 5 else 1)"),
+        dict(os.environ),
+        policy,
+        newest_step=lambda: runs(tmp_path) * 10 if (tmp_path / "runs").exists() else None,
+        before_restart=lambda: None,
+        say=said.append,
+    )
+    assert code == 0
+    assert runs(tmp_path) == 5  # four failures, twice the policy's count, and none halted the run
+    assert len(said) == 4 and said[-1].endswith("restart 4 in 0 s, resuming from global_step_40")
+
+
+def test_late_failures_that_never_save_halt_as_a_loop(tmp_path: Path) -> None:
+    policy = RestartPolicy(failures=3, window_s=0.2, delay_s=0)
+    with pytest.raises(RunHalted, match="3 failures in a row, none after a new checkpoint") as halted:
+        supervisor.supervise(
+            counting_command(tmp_path, "time.sleep(0.3)\nsys.exit(1)"),
+            dict(os.environ),
+            policy,
+            newest_step=lambda: 25,
+            before_restart=lambda: None,
+            say=lambda _: None,
+        )
+    assert runs(tmp_path) == 3
+    assert "resumes from global_step_25" in str(halted.value)
+
+
+@pytest.mark.parametrize(
+    ("ends", "progressed", "halts"),
+    [
+        ([0, 100, 200], [True, True, True], "3 failures within 15 min: a crash loop"),
+        ([0, 1000, 2000], [True, True, True], None),
+        ([0, 1000, 2000], [True, False, False], None),
+        ([0, 1000, 2000], [False, False, False], "3 failures in a row, none after a new checkpoint"),
+        ([0, 5000, 5100, 5200], [False, True, True, True], "3 failures within 15 min"),
+    ],
+)
+def test_the_policy_counts_failures_in_the_window_and_without_progress(
+    ends: list[float], progressed: list[bool], halts: str | None
+) -> None:
+    attempts = [Attempt(1, 60.0, end, p) for end, p in zip(ends, progressed, strict=True)]
+    reason = RestartPolicy().halt_reason(attempts)
+    assert (reason is None) if halts is None else (reason is not None and reason.startswith(halts))
+
+
+def test_the_policy_is_read_from_the_environment_and_bad_values_are_named() -> None:
+    policy = RestartPolicy.from_environment(
+        {"VERLBOX_RESTART_FAILURES": "5", "VERLBOX_RESTART_WINDOW_S": "3600", "VERLBOX_RESTART_DELAY_S": "0"}
+    )
+    assert policy == RestartPolicy(failures=5, window_s=3600, delay_s=0)
+    assert RestartPolicy.from_environment({}) == RestartPolicy()
+    for name, value in [
+        ("VERLBOX_RESTART_FAILURES", "0"),
+        ("VERLBOX_RESTART_FAILURES", "2.5"),
+        ("VERLBOX_RESTART_WINDOW_S", "15m"),
+        ("VERLBOX_RESTART_DELAY_S", "nan"),
+    ]:
+        with pytest.raises(UsageError, match=f"^{name}={value}: expected"):
+            RestartPolicy.from_environment({name: value})
+
+
+SUPERVISED = """
+import os, sys
+from verlbox.runtime import supervisor
+policy = supervisor.RestartPolicy(failures=3, window_s=60, delay_s=0)
+child = [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"]
+code = supervisor.supervise(child, dict(os.environ), policy, newest_step=lambda: None,
+                            before_restart=lambda: None, say=lambda t: print(t, file=sys.stderr, flush=True))
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_reaches_verl_and_is_not_restarted(stop: signal.Signals) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISED], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    child = int(process.stdout.readline())
+    process.send_signal(stop)
+    _, stderr = process.communicate(timeout=10)
+    assert process.returncode == 128 + stop
+    assert f"verl stopped (killed by {stop.name}) on {stop.name}" in stderr
+    assert "restart" not in stderr
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+
+
+def test_a_run_that_cannot_start_holds_under_compose_and_exits_with_its_code_when_stopped(tmp_path: Path) -> None:
+    """VERLBOX_ON_HALT=wait: the failure is said once, the process stays up (no exit for Docker to restart
+    into the same failure), the healthcheck's file holds the reason, and `docker stop` ends it with the code."""
+    halt_file = tmp_path / "halted"
+    program = (
+        "import sys\nfrom pathlib import Path\nfrom verlbox.runtime import supervisor\n"
+        f"supervisor.HALT_FILE = Path({str(halt_file)!r})\n"
+        "from verlbox.cli import main\nsys.exit(main(['train']))\n"
+    )
+    env = dict(os.environ, VERLBOX_ON_HALT="wait")
+    process = subprocess.Popen([sys.executable, "-c", program], env=env, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    first = process.stderr.readline()
+    assert first.startswith("verlbox: error: no recipe given and no image spec here")
+    assert process.stderr.readline().startswith("halted: holding here")
+    time.sleep(0.5)
+    assert process.poll() is None
+    assert halt_file.read_text().startswith("no recipe given")
+    process.terminate()
+    assert process.wait(timeout=10) == 2  # the bad input's own code, as without holding
+
+
+def test_an_unknown_halt_mode_is_named() -> None:
+    with pytest.raises(UsageError, match=r"^VERLBOX_ON_HALT=loop: expected exit"):
+        supervisor.holds({"VERLBOX_ON_HALT": "loop"})
