@@ -5,6 +5,11 @@ verl 0.4.1 PPO with the recipe's profile (or the seeds' batch-1 settings), each 
 --gpu-memory-gib to emulate a 24 GB P40. Prints one JSON summary per run; the log goes to --out.
 
   python bench/ppo_gpu.py --out OUT --run profile:45 --run seeds:8 --kill-after-checkpoint 40
+
+Issue 17's restarts: `--crash-after-checkpoint 2 --crash-after-checkpoint 4` interrupts verl (not
+verlbox) once step 2, then step 4, is saved, so verlbox's supervisor restarts it and it resumes; a
+`refuse` run then asks for another batch (32) over the same checkpoints and must be refused (exit 3)
+before verl starts.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -38,13 +44,39 @@ SEEDS_BATCH_1 = [
 _STEP = re.compile(r"step:(\d+) - (.*)$")
 
 
-def prepare(workdir: Path) -> tuple[Path, Path]:
+def prepare(workdir: Path, validation_rows: int) -> tuple[Path, Path]:
     model, data = workdir / "qwen2.5-0.5b-random", workdir / "gsm8k"
     if not (model / "config.json").is_file():
         make_model(model, "qwen2.5-0.5b")
     if not (data / "train.parquet").is_file():
-        prepare_gsm8k(make_gsm8k_jsonl(workdir / "gsm8k-raw", train_rows=2048, test_rows=256), data)
+        raw = make_gsm8k_jsonl(workdir / "gsm8k-raw", train_rows=2048, test_rows=256)
+        prepare_gsm8k(raw, data, validation_size=validation_rows)
     return model, data
+
+
+def disk_state(checkpoint_dir: Path) -> dict[str, object]:
+    """The step folders with their sizes, the tracker and the free space: what a restart leaves."""
+    folders = sorted(checkpoint_dir.glob("global_step_*"), key=lambda p: int(p.name.rpartition("_")[2]))
+    tracker = checkpoint_dir / "latest_checkpointed_iteration.txt"
+    return {
+        "folders": {
+            p.name: round(sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) / 2**30, 2) for p in folders
+        },
+        "tracker": tracker.read_text().strip() if tracker.is_file() else None,
+        "free_gib": round(shutil.disk_usage(checkpoint_dir).free / 2**30, 1),
+    }
+
+
+def interrupt_verl(verlbox_pid: int) -> list[int]:
+    """SIGINT to verl's driver, a child of `verlbox train`: verl fails (KeyboardInterrupt, Ray shut down by
+    its exit hooks) while verlbox's supervisor lives on to restart it."""
+    found = subprocess.run(
+        ["pgrep", "-P", str(verlbox_pid), "-f", "verl.trainer.main_ppo"], capture_output=True, text=True
+    )
+    pids = [int(pid) for pid in found.stdout.split()]
+    for pid in pids:
+        os.kill(pid, signal.SIGINT)
+    return pids
 
 
 def _metrics(line: str) -> tuple[int, dict[str, float]] | None:
@@ -67,6 +99,7 @@ def run(
     env: dict[str, str],
     log: Path,
     kill_after_checkpoint: int | None,
+    crash_after_checkpoints: list[int],
     checkpoint_dir: Path,
     deadline: float,
 ) -> dict[str, object]:
@@ -74,6 +107,7 @@ def run(
     steps: dict[int, dict[str, float]] = {}
     started = time.monotonic()
     killed = False
+    crashes: list[dict[str, object]] = []
     with (
         log.open("a") as handle,
         subprocess.Popen(
@@ -92,9 +126,10 @@ def run(
                     flush=True,
                 )
             latest = checkpoint_dir / "latest_checkpointed_iteration.txt"
-            done = (
-                kill_after_checkpoint and latest.is_file() and latest.read_text().strip() == str(kill_after_checkpoint)
-            )
+            saved = latest.read_text().strip() if latest.is_file() else None
+            if saved in {str(step) for step in crash_after_checkpoints} - {c["at"] for c in crashes}:
+                crashes.append({"at": saved, "disk": disk_state(checkpoint_dir), "pids": interrupt_verl(process.pid)})
+            done = kill_after_checkpoint and saved == str(kill_after_checkpoint)
             if done or time.monotonic() > deadline:
                 os.killpg(process.pid, signal.SIGKILL)
                 killed = True
@@ -107,6 +142,7 @@ def run(
     batch = int(next(o.split("=")[1] for o in overrides if o.startswith("data.train_batch_size=")))
     median = statistics.median(timings) if timings else float("nan")
     reserved = [s.get("perf/max_memory_reserved_gb", float("nan")) for s in ordered]
+    validated = [step for step in sorted(steps) if any(key.startswith("val-") for key in steps[step])]
     return {
         "run": name,
         "exit": process.returncode,
@@ -118,6 +154,9 @@ def run(
         "samples_per_s": round(batch / median, 3),
         "reserved_gb_per_step": [round(r, 2) for r in reserved],
         "allocated_gb_max": max((s.get("perf/max_memory_allocated_gb", 0) for s in ordered), default=None),
+        "validated_at": validated,
+        "crashes": crashes,
+        "after": disk_state(checkpoint_dir) if checkpoint_dir.is_dir() else None,
     }
 
 
@@ -125,15 +164,26 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/verlbox-bench"))
-    parser.add_argument("--run", action="append", required=True, help="NAME:STEPS with NAME profile|seeds|resume")
+    parser.add_argument(
+        "--run", action="append", required=True, help="NAME:STEPS with NAME profile|seeds|resume|refuse"
+    )
     parser.add_argument("--gpu-memory-gib", default="24")
     parser.add_argument("--kill-after-checkpoint", type=int, help="profile run: SIGKILL once this step is saved")
+    parser.add_argument(
+        "--crash-after-checkpoint",
+        type=int,
+        action="append",
+        default=[],
+        help="profile run: interrupt verl once this step is saved",
+    )
     parser.add_argument("--save-freq", type=int, default=20)
+    parser.add_argument("--test-freq", type=int, default=-1)
+    parser.add_argument("--validation-rows", type=int, default=256)
     parser.add_argument("--budget-s", type=float, default=540, help="stop everything after this many seconds")
     args = parser.parse_args()
     deadline = time.monotonic() + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
-    model, data = prepare(args.workdir)
+    model, data = prepare(args.workdir, args.validation_rows)
     checkpoints = args.workdir / "checkpoints"
     env = os.environ | {
         "VERLBOX_MODEL_DIR": str(model),
@@ -142,17 +192,25 @@ def main() -> int:
         "VERLBOX_EXPERIMENT": "bench",
         "VERLBOX_GPU_MEMORY_GIB": args.gpu_memory_gib,
         "PYTHONUNBUFFERED": "1",
+        "VERLBOX_RESTART_DELAY_S": "5",
     }
     summaries = []
     for spec in args.run:
         name, steps = spec.split(":")
-        common = [f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "ray_init.num_cpus=8"]
+        common = [f"trainer.total_training_steps={steps}", f"trainer.test_freq={args.test_freq}", "ray_init.num_cpus=8"]
         if name == "seeds":
             overrides = [*SEEDS_BATCH_1, *common, "trainer.save_freq=-1", "trainer.resume_mode=disable"]
         else:
-            overrides = ["data.train_batch_size=16", *common, f"trainer.save_freq={args.save_freq}"]
+            batch = 32 if name == "refuse" else 16
+            overrides = [f"data.train_batch_size={batch}", *common, f"trainer.save_freq={args.save_freq}"]
         kill = args.kill_after_checkpoint if name == "profile" else None
-        summary = run(name, overrides, env, args.out / f"{name}.log", kill, checkpoints / "bench", deadline)
+        crashes = args.crash_after_checkpoint if name == "profile" else []
+        log = args.out / f"{name}.log"
+        # the refusal comes before verl starts: it runs whatever the training left of the budget
+        until = float("inf") if name == "refuse" else deadline
+        summary = run(name, overrides, env, log, kill, crashes, checkpoints / "bench", until)
+        if name == "refuse":
+            summary["said"] = log.read_text().strip().splitlines()[-3:]
         if name == "resume":
             text = (args.out / "resume.log").read_text()
             summary["resumed_from"] = re.findall(r"Resuming from (\S+)", text)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
 import stat
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from rich.console import Console
 
 from test_data import ROWS, hub_layout
-from verlbox.runtime import preflight
+from verlbox.runtime import preflight, train
 from verlbox.runtime.data import prepare_gsm8k
+from verlbox.runtime.train import DATA_KEYS
 
 
 def model_folder(folder: Path) -> Path:
@@ -130,3 +133,22 @@ def test_rerunning_the_prep_over_a_cut_short_file_replaces_it(prepared: tuple[Pa
     written = prepare_gsm8k(source, out)
     assert written == {"train": (2, False), "test": (1, True), "validation": (1, False)}
     assert pq.ParquetFile(out / "test.parquet").metadata.num_rows == 1
+
+
+def test_train_checks_a_hand_filled_model_for_what_a_save_needs(prepared: tuple[Path, Path], tmp_path: Path) -> None:
+    """The single-host and the cluster preflight share one input check: a folder filled by hand (no fetch
+    record) still has its generation_config.json looked for before step 1, not at the save of step 25."""
+    source, out = prepared
+    model = model_folder(tmp_path / "model")
+    (model / "generation_config.json").unlink()
+    overrides = [
+        f"actor_rollout_ref.model.path={model}",
+        *(f"{key}={path}" for key, path in zip(DATA_KEYS, verl_files(out), strict=True)),
+    ]
+    environ = {"HF_HUB_OFFLINE": "1", "VERLBOX_GSM8K_SOURCE": str(source)}
+    model_check, data_check = train.inputs_ready(overrides, environ, Console(file=io.StringIO()))
+    assert data_check.ok, data_check.detail
+    assert not model_check.ok and f"{model} has no generation_config.json" in model_check.detail
+    (model / "generation_config.json").write_text("{}")
+    model_check, data_check = train.inputs_ready(overrides, environ, Console(file=io.StringIO()))
+    assert data_check.ok and "generation_config.json" not in model_check.detail  # on to loading it

@@ -189,6 +189,16 @@ def prepare_inputs(overrides: list[str], environ: dict[str, str], console: Conso
     return [provide_model(overrides, environ, console), ensure_data(overrides, environ, console)]
 
 
+def inputs_ready(overrides: list[str], environ: dict[str, str], console: Console) -> list[preflight.Check]:
+    """The inputs in place, and the model checked for every file verl loads or saves with it (on a cluster
+    too: a model without generation_config.json fails at the first save, at step 25 of every restart)."""
+    model, data = prepare_inputs(overrides, environ, console)
+    # a model that is there also has to load; one that could not be fetched is news enough
+    if model.ok:
+        model = preflight.check_model(Path(override_value(overrides, MODEL_KEY) or ""))
+    return [model, data]
+
+
 def run_preflight(
     plan: TrainingPlan, overrides: list[str], environ: dict[str, str], facts: preflight.GpuFacts, console: Console
 ) -> list[preflight.Check]:
@@ -206,13 +216,7 @@ def run_preflight(
     ]
     if not all(check.ok for check in checks):
         return checks
-    model, data = prepare_inputs(overrides, environ, console)
-    # a model that is there also has to load; one that could not be fetched is news enough
-    return [
-        *checks,
-        preflight.check_model(Path(override_value(overrides, MODEL_KEY) or "")) if model.ok else model,
-        data,
-    ]
+    return [*checks, *inputs_ready(overrides, environ, console)]
 
 
 def run_cluster_preflight(
@@ -220,7 +224,7 @@ def run_cluster_preflight(
 ) -> list[preflight.Check]:
     """The head's own checks, then every node's facts, gathered by one Ray task on each."""
     topology, spec = plan.topology, plan.spec
-    checks = [preflight.check_shared_memory(), *prepare_inputs(overrides, environ, console)]
+    checks = [preflight.check_shared_memory(), *inputs_ready(overrides, environ, console)]
     paths = [override_value(overrides, key) or "" for key in (MODEL_KEY, *DATA_KEYS)]
     folder = Path(override_value(overrides, "trainer.default_local_dir") or "")
     try:
