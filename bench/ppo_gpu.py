@@ -70,10 +70,15 @@ def disk_state(checkpoint_dir: Path) -> dict[str, object]:
 def interrupt_verl(verlbox_pid: int) -> list[int]:
     """SIGINT to verl's driver, a child of `verlbox train`: verl fails (KeyboardInterrupt, Ray shut down by
     its exit hooks) while verlbox's supervisor lives on to restart it."""
-    found = subprocess.run(
-        ["pgrep", "-P", str(verlbox_pid), "-f", "verl.trainer.main_ppo"], capture_output=True, text=True
-    )
-    pids = [int(pid) for pid in found.stdout.split()]
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            parent = int((proc / "stat").read_text().rpartition(")")[2].split()[1])
+            command = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == verlbox_pid and b"verl.trainer.main_ppo" in command:
+            pids.append(int(proc.name))
     for pid in pids:
         os.kill(pid, signal.SIGINT)
     return pids
