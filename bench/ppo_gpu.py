@@ -5,6 +5,10 @@ verl 0.4.1 PPO with the recipe's profile (or the seeds' batch-1 settings), each 
 --gpu-memory-gib to emulate a 24 GB P40. Prints one JSON summary per run; the log goes to --out.
 
   python bench/ppo_gpu.py --out OUT --run profile:45 --run seeds:8 --kill-after-checkpoint 40
+  python bench/ppo_gpu.py --out OUT --run ppo:4 --run grpo:4 --run grpo:4:actor_rollout_ref.rollout.n=8
+
+`ppo` and `grpo` run those profiles as shipped (batch included) unless KEY=VALUE says otherwise, and
+report responses per second (prompts x rollout.n).
 
 Issue 17's restarts: `--crash-after-checkpoint 2 --crash-after-checkpoint 4` interrupts verl (not
 verlbox) once step 2, then step 4, is saved, so verlbox's supervisor restarts it and it resumes; a
@@ -28,6 +32,7 @@ from pathlib import Path
 
 from verlbox.runtime.data import prepare_gsm8k
 from verlbox.runtime.fixtures import make_gsm8k_jsonl, make_model
+from verlbox.runtime.overrides import override_value
 
 # The seeds' settings with their real meaning in verl 0.4.1: batch 1 everywhere, the same offload,
 # precision and lengths as the profile, so the two differ only in how work is batched.
@@ -40,6 +45,8 @@ SEEDS_BATCH_1 = [
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
     "+actor_rollout_ref.rollout.micro_batch_size=1",
 ]
+# run name -> the profile `train --profile` gets and the prompts per step it uses by default
+PROFILE_RUNS = {"ppo": ("p40", 64), "grpo": ("grpo", 16)}
 # Ray prefixes the trainer's lines with "(TaskRunner pid=...)"
 _STEP = re.compile(r"step:(\d+) - (.*)$")
 
@@ -107,8 +114,10 @@ def run(
     crash_after_checkpoints: list[int],
     checkpoint_dir: Path,
     deadline: float,
+    profile: str | None = None,
 ) -> dict[str, object]:
-    command = [sys.executable, "-m", "verlbox.cli", "train", "--recipe", "p40-cu124", "--", *overrides]
+    chosen = ["--profile", profile] if profile else []
+    command = [sys.executable, "-m", "verlbox.cli", "train", "--recipe", "p40-cu124", *chosen, "--", *overrides]
     steps: dict[int, dict[str, float]] = {}
     started = time.monotonic()
     killed = False
@@ -144,7 +153,8 @@ def run(
     timings = [s["timing_s/step"] for s in ordered[2:] if "timing_s/step" in s] or [
         s["timing_s/step"] for s in ordered if "timing_s/step" in s
     ]
-    batch = int(next(o.split("=")[1] for o in overrides if o.startswith("data.train_batch_size=")))
+    batch = int(override_value(overrides, "data.train_batch_size") or 0)
+    answers = int(override_value(overrides, "actor_rollout_ref.rollout.n") or (4 if profile == "grpo" else 1))
     median = statistics.median(timings) if timings else float("nan")
     reserved = [s.get("perf/max_memory_reserved_gb", float("nan")) for s in ordered]
     validated = [step for step in sorted(steps) if any(key.startswith("val-") for key in steps[step])]
@@ -157,6 +167,7 @@ def run(
         "batch": batch,
         "median_step_s": round(median, 2),
         "samples_per_s": round(batch / median, 3),
+        "responses_per_s": round(batch * answers / median, 3),
         "reserved_gb_per_step": [round(r, 2) for r in reserved],
         "allocated_gb_max": max((s.get("perf/max_memory_allocated_gb", 0) for s in ordered), default=None),
         "validated_at": validated,
@@ -170,7 +181,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/verlbox-bench"))
     parser.add_argument(
-        "--run", action="append", required=True, help="NAME:STEPS with NAME profile|seeds|resume|refuse"
+        "--run",
+        action="append",
+        required=True,
+        help="NAME:STEPS[:KEY=VALUE,...] with NAME profile|seeds|resume|refuse|ppo|grpo",
     )
     parser.add_argument("--gpu-memory-gib", default="24")
     parser.add_argument("--kill-after-checkpoint", type=int, help="profile run: SIGKILL once this step is saved")
@@ -200,24 +214,33 @@ def main() -> int:
         "VERLBOX_RESTART_DELAY_S": "5",
     }
     summaries = []
-    for spec in args.run:
-        name, steps = spec.split(":")
+    for number, spec in enumerate(args.run):
+        name, steps, *extra = spec.split(":", 2)
+        extras = extra[0].split(",") if extra else []
         common = [f"trainer.total_training_steps={steps}", f"trainer.test_freq={args.test_freq}", "ray_init.num_cpus=8"]
+        profile = PROFILE_RUNS.get(name)
         if name == "seeds":
             overrides = [*SEEDS_BATCH_1, *common, "trainer.save_freq=-1", "trainer.resume_mode=disable"]
+        elif profile:
+            # a profile as shipped (its batch unless EXTRA says), no saves, a fresh start each
+            batch = f"data.train_batch_size={profile[1]}"
+            overrides = [batch, *common, "trainer.save_freq=-1", "trainer.resume_mode=disable", *extras]
         else:
             batch = 32 if name == "refuse" else 16
             overrides = [f"data.train_batch_size={batch}", *common, f"trainer.save_freq={args.save_freq}"]
         kill = args.kill_after_checkpoint if name == "profile" else None
         crashes = args.crash_after_checkpoint if name == "profile" else []
-        log = args.out / f"{name}.log"
+        log = args.out / f"{number}-{name}.log"
         # the refusal comes before verl starts: it runs whatever the training left of the budget
         until = float("inf") if name == "refuse" else deadline
-        summary = run(name, overrides, env, log, kill, crashes, checkpoints / "bench", until)
+        summary = run(
+            name, overrides, env, log, kill, crashes, checkpoints / "bench", until, profile[0] if profile else None
+        )
+        summary["extra"] = extras
         if name == "refuse":
             summary["said"] = log.read_text().strip().splitlines()[-3:]
         if name == "resume":
-            text = (args.out / "resume.log").read_text()
+            text = log.read_text()
             summary["resumed_from"] = re.findall(r"Resuming from (\S+)", text)
         summaries.append(summary)
         print(json.dumps(summary), flush=True)

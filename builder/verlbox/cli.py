@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub[name].add_argument(
             "--nodes", type=_positive, help="nodes (default: 1, or the Ray cluster's at RAY_ADDRESS)"
         )
+        sub[name].add_argument(
+            "--profile", help="the training profile: p40 (PPO) or grpo (default: $VERLBOX_PROFILE, else the recipe's)"
+        )
 
     sub["verify"].add_argument("image", help="a built image (its labels name the recipe)")
     sub["verify"].add_argument("--recipe", help=f"default: the recipe the image's labels name; {RECIPE_HELP}")

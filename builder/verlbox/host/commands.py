@@ -299,7 +299,7 @@ def overrides(args: argparse.Namespace) -> int:
     if spec is None:
         raise UsageError("name a recipe (`verlbox overrides p40 KEY=VALUE ...`): this is not a verlbox image")
     topology = Topology(args.gpus_per_node or 1, args.nodes or 1, "given")
-    plan = TrainingPlan(spec, topology=topology)
+    plan = TrainingPlan(spec, topology=topology, profile=args.profile)
     # checked against the installed verl's config, else (on a host) the copy verlbox ships
     out.print("\n".join(verified_overrides(plan, extra)), markup=False)
     return 0

@@ -52,9 +52,11 @@ def train(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from verlbox.runtime.memory_cap import gib_from_environment, parse_gib
+    from verlbox.runtime.profile import chosen_profile
 
     # bad input is named wherever it is given; only then is this the wrong place to train
     spec = _spec(args)
+    profile = chosen_profile(args.profile, os.environ, spec)
     gib = (
         parse_gib(args.gpu_memory_gib, "--gpu-memory-gib") if args.gpu_memory_gib else gib_from_environment(os.environ)
     )
@@ -75,6 +77,7 @@ def _train(args: argparse.Namespace) -> int:
         console=err,
         gpus_per_node=args.gpus_per_node,
         nodes=args.nodes,
+        profile=profile,
     )
 
 

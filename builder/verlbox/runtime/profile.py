@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
@@ -14,10 +14,13 @@ import yaml
 from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from verlbox.errors import VerlboxError
+from verlbox.errors import UsageError
 from verlbox.runtime.gpu import GpuCapability, capability_for, rollout_backend
 from verlbox.runtime.spec import ImageSpec
 
+# the profile a run uses instead of its recipe's (compose's .env sets it)
+PROFILE_VARIABLE = "VERLBOX_PROFILE"
+PROFILES = resources.files("verlbox.runtime") / "profiles"
 # environment variable -> placeholder it fills
 PATH_VARIABLES = {
     "VERLBOX_MODEL_DIR": "model",
@@ -56,22 +59,37 @@ class Topology:
         return f"{self.nodes} node(s) x {self.gpus_per_node} GPU(s) ({self.source})"
 
 
+def profile_names() -> list[str]:
+    return sorted(entry.name.removesuffix(".yaml") for entry in PROFILES.iterdir() if entry.name.endswith(".yaml"))
+
+
 def load_profile(name: str) -> Profile:
-    source = resources.files("verlbox.runtime") / "profiles" / f"{name}.yaml"
-    if not source.is_file():
-        raise VerlboxError(f"no training profile named {name!r} in verlbox/profiles")
-    return Profile.model_validate(yaml.safe_load(source.read_text()))
+    names = profile_names()
+    if name not in names:  # looked up among the files, never joined into a path
+        raise UsageError(f"no training profile named {name!r}: verlbox has {', '.join(names)}")
+    return Profile.model_validate(yaml.safe_load((PROFILES / f"{name}.yaml").read_text()))
+
+
+def chosen_profile(flag: str | None, environ: Mapping[str, str], spec: ImageSpec) -> str:
+    """The flag's profile, else VERLBOX_PROFILE's, else the recipe's own (PPO for the shipped recipes)."""
+    name = flag or environ.get(PROFILE_VARIABLE) or spec.profile
+    load_profile(name)  # an unknown name is refused before anything else is checked
+    return name
 
 
 class TrainingPlan:
     """A recipe's profile rendered for one environment: the exact overrides and variables of a run."""
 
     def __init__(
-        self, spec: ImageSpec, environ: dict[str, str] | None = None, topology: Topology | None = None
+        self,
+        spec: ImageSpec,
+        environ: dict[str, str] | None = None,
+        topology: Topology | None = None,
+        profile: str | None = None,
     ) -> None:
         self.spec = spec
-        self.profile = load_profile(spec.profile)
         self.environ = dict(os.environ if environ is None else environ)
+        self.profile = load_profile(chosen_profile(profile, self.environ, spec))
         self.topology = topology or Topology()
 
     @cached_property
@@ -124,13 +142,22 @@ def batch_problems(get: Callable[[str], Any], world_size: int) -> list[str]:
     """What verl 0.4.1 would assert about batch sizes minutes into a run (ray_trainer._validate_config and
     the FSDP workers' normalisation), as sentences now. `get` reads a key of the composed config."""
     train, samples = get("data.train_batch_size"), get("actor_rollout_ref.rollout.n") or 1
+    estimator = get("algorithm.adv_estimator") or "gae"
     problems = []
+    if estimator == "grpo" and samples < 2:
+        problems.append(
+            f"algorithm.adv_estimator=grpo with actor_rollout_ref.rollout.n={samples}: GRPO compares each answer "
+            "with the other answers to its prompt, and alone in its group every answer's advantage is 0, so the "
+            "model never learns; use n of 2 or more (the grpo profile uses 4)"
+        )
     if (train * samples) % world_size:
         problems.append(
             f"data.train_batch_size={train} (x rollout.n={samples}) does not divide among {world_size} GPUs: "
             f"use a multiple of {world_size}"
         )
-    for role, section in (("actor", "actor_rollout_ref.actor"), ("critic", "critic")):
+    # verl 0.4.1 builds a critic for GAE only (ray_trainer.py): another estimator's critic sizes are unused
+    roles = [("actor", "actor_rollout_ref.actor")] + ([("critic", "critic")] if estimator == "gae" else [])
+    for role, section in roles:
         if get(f"{section}.use_dynamic_bsz"):
             continue
         mini, micro = get(f"{section}.ppo_mini_batch_size"), get(f"{section}.ppo_micro_batch_size_per_gpu")

@@ -255,6 +255,7 @@ def train(
     console: Console,
     gpus_per_node: int | None = None,
     nodes: int | None = None,
+    profile: str | None = None,
 ) -> int:
     def say(line: str) -> None:
         console.print(line, markup=False)
@@ -266,7 +267,7 @@ def train(
         cluster.connect(address)
     try:
         topology = resolve_topology(gpus_per_node, nodes, user_overrides, environ, console)
-        plan = TrainingPlan(spec, environ, topology)
+        plan = TrainingPlan(spec, environ, topology, profile)
         overrides = verified_overrides(plan, user_overrides)
         console.print(f"training on {topology.describe()}: {topology.world_size} GPU(s)")
         if dry_run:
@@ -291,7 +292,8 @@ def train(
     # it forgot, the room its next saves need: all after the checks, so a machine that cannot train changes nothing
     checkpoints.check_resume(overrides, plan.profile.name, environ, say, dry_run=False)
     checkpoints.prepare(overrides, environ, say, dry_run=False)
-    console.print(f"preflight: {len(checks)} checks passed ({checks[0].detail}); starting verl PPO")
+    passed = f"preflight: {len(checks)} checks passed ({checks[0].detail})"
+    console.print(f"{passed}; starting verl: {plan.profile.description}")
     sys.stdout.flush()
     return supervisor.supervise(
         train_command(overrides),
