@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     checks = sub["smoke-checks"]
     checks.add_argument("--recipe", help="outside an image: the recipe to check against")
-    checks.add_argument("--gpu", action="store_true", help="also run the GPU tier (CUDA, Apex kernels, 2 PPO steps)")
+    checks.add_argument("--gpu", action="store_true", help="also run the GPU tier (CUDA, Apex, 2 PPO + 2 GRPO steps)")
     checks.add_argument("--json", help="write results as JSON to FILE, or to stdout with -")
 
     prepare = sub["prepare-data"]

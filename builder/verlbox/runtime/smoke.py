@@ -31,7 +31,7 @@ from verlbox.runtime.fixtures import make_gsm8k_jsonl, make_model, make_tokenize
 from verlbox.runtime.gpu import has_code_for
 from verlbox.runtime.overrides import compose, installed_verl_config_dir
 from verlbox.runtime.patches import PatchState, patch_set_for, verify
-from verlbox.runtime.profile import TrainingPlan
+from verlbox.runtime.profile import TrainingPlan, profile_names
 from verlbox.runtime.spec import SPEC_VARIABLE, ImageSpec
 from verlbox.runtime.train import merge_overrides, verified_overrides
 
@@ -259,8 +259,9 @@ def check_arch_list(ctx: SmokeContext) -> str:
 
 
 def check_profile(ctx: SmokeContext) -> str:
-    overrides = verified_overrides(ctx.plan, [])
-    return f"{len(overrides)} overrides of profile {ctx.plan.profile.name} compose with verl's ppo_trainer.yaml"
+    plans = [TrainingPlan(ctx.spec, {}, profile=name) for name in profile_names()]
+    counts = [f"{plan.profile.name} {len(verified_overrides(plan, []))}" for plan in plans]
+    return f"every profile's overrides compose with verl's ppo_trainer.yaml ({', '.join(counts)})"
 
 
 def check_gsm8k_dataset(ctx: SmokeContext) -> str:
@@ -404,33 +405,32 @@ def check_apex(ctx: SmokeContext) -> str:
 
 
 _LOSS = re.compile(r"(actor/pg_loss|critic/vf_loss):(\S+)")
+# what every two-step run sets: the tiny model's batches, short sequences, no saves or validation
+_TWO_STEPS = [
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+    "data.max_prompt_length=64",
+    "data.max_response_length=16",
+    "trainer.total_training_steps=2",
+    "trainer.save_freq=-1",
+    "trainer.test_freq=-1",
+    "ray_init.num_cpus=4",
+]
 
 
-def check_ppo_two_steps(ctx: SmokeContext) -> str:
+def _two_steps(ctx: SmokeContext, profile: str, overrides: list[str], losses_per_step: int) -> str:
+    """Two steps of PROFILE through the real `verlbox train` on the tiny model; its losses logged and finite."""
     _gpu_facts()
-    overrides = [
-        "data.train_batch_size=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "critic.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
-        "+actor_rollout_ref.rollout.micro_batch_size=4",
-        "data.max_prompt_length=64",
-        "data.max_response_length=16",
-        "trainer.total_training_steps=2",
-        "trainer.save_freq=-1",
-        "trainer.test_freq=-1",
-        "ray_init.num_cpus=4",
-    ]
     env = os.environ | {
         "VERLBOX_MODEL_DIR": str(ctx.model_dir),
         "VERLBOX_DATA_DIR": str(ctx.data_dir),
-        "VERLBOX_CHECKPOINT_DIR": str(ctx.workdir / "checkpoints"),
+        "VERLBOX_CHECKPOINT_DIR": str(ctx.workdir / "checkpoints" / profile),
         SPEC_VARIABLE: str(ctx.spec_file),
     }
+    command = ["train", "--profile", profile, "--gpus-per-node", "1", "--", *_TWO_STEPS, *overrides]
     result = subprocess.run(
-        [sys.executable, "-m", "verlbox.cli", "train", "--gpus-per-node", "1", "--", *overrides],
+        [sys.executable, "-m", "verlbox.cli", *command],
         capture_output=True,
         text=True,
         check=False,
@@ -438,12 +438,33 @@ def check_ppo_two_steps(ctx: SmokeContext) -> str:
         timeout=900,
     )
     losses = [(name, float(value)) for name, value in _LOSS.findall(result.stdout)]
-    if result.returncode != 0 or len(losses) < 4:
+    if result.returncode != 0 or len(losses) < 2 * losses_per_step:
         tail = (result.stdout + result.stderr).strip().splitlines()[-5:]
         raise AssertionError(f"exit {result.returncode}, {len(losses)} losses logged: {' | '.join(tail)}")
     if not all(math.isfinite(value) for _, value in losses):
         raise AssertionError(f"non-finite losses: {losses}")
-    return "2 PPO steps, finite losses: " + ", ".join(f"{n}={v:.4g}" for n, v in losses)
+    return f"2 steps of profile {profile}, finite losses: " + ", ".join(f"{n}={v:.4g}" for n, v in losses)
+
+
+def check_ppo_two_steps(ctx: SmokeContext) -> str:
+    overrides = [
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "critic.ppo_micro_batch_size_per_gpu=2",
+        "+actor_rollout_ref.rollout.micro_batch_size=4",
+    ]
+    return _two_steps(ctx, ctx.spec.profile, overrides, losses_per_step=2)
+
+
+def check_grpo_two_steps(ctx: SmokeContext) -> str:
+    # 2 prompts x 2 answers: the smallest group GRPO accepts; no critic, so one loss per step
+    overrides = [
+        "data.train_batch_size=2",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "+actor_rollout_ref.rollout.micro_batch_size=2",
+    ]
+    return _two_steps(ctx, "grpo", overrides, losses_per_step=1)
 
 
 CPU_CHECKS: list[tuple[str, Callable[[SmokeContext], str]]] = [
@@ -466,6 +487,7 @@ GPU_CHECKS: list[tuple[str, Callable[[SmokeContext], str]]] = [
     ("fp32 matmul", check_fp32_matmul),
     ("Apex fused kernels", check_apex),
     ("2-step PPO (tiny model)", check_ppo_two_steps),
+    ("2-step GRPO (tiny model)", check_grpo_two_steps),
 ]
 
 
