@@ -33,6 +33,7 @@ from pathlib import Path
 from verlbox.runtime.data import prepare_gsm8k
 from verlbox.runtime.fixtures import make_gsm8k_jsonl, make_model
 from verlbox.runtime.overrides import override_value
+from verlbox.runtime.profile import load_profile
 
 # The seeds' settings with their real meaning in verl 0.4.1: batch 1 everywhere, the same offload,
 # precision and lengths as the profile, so the two differ only in how work is batched.
@@ -45,8 +46,8 @@ SEEDS_BATCH_1 = [
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
     "+actor_rollout_ref.rollout.micro_batch_size=1",
 ]
-# run name -> the profile `train --profile` gets and the prompts per step it uses by default
-PROFILE_RUNS = {"ppo": ("p40", 64), "grpo": ("grpo", 16)}
+# run name -> the profile `train --profile` gets
+PROFILE_RUNS = {"ppo": "p40", "grpo": "grpo"}
 # Ray prefixes the trainer's lines with "(TaskRunner pid=...)"
 _STEP = re.compile(r"step:(\d+) - (.*)$")
 
@@ -150,11 +151,12 @@ def run(
                 break
         process.wait()
     ordered = [steps[k] for k in sorted(steps)]
-    timings = [s["timing_s/step"] for s in ordered[2:] if "timing_s/step" in s] or [
-        s["timing_s/step"] for s in ordered if "timing_s/step" in s
-    ]
+    # the first step warms up and a validation step also generates the validation set: neither is a step's cost
+    plain = [s for s in ordered[1:] if not any(key.startswith("val-") for key in s)]
+    timings = [s["timing_s/step"] for s in plain or ordered if "timing_s/step" in s]
+    given = (load_profile(profile).overrides if profile else []) + overrides
     batch = int(override_value(overrides, "data.train_batch_size") or 0)
-    answers = int(override_value(overrides, "actor_rollout_ref.rollout.n") or (4 if profile == "grpo" else 1))
+    answers = int(override_value(given, "actor_rollout_ref.rollout.n") or 1)
     median = statistics.median(timings) if timings else float("nan")
     reserved = [s.get("perf/max_memory_reserved_gb", float("nan")) for s in ordered]
     validated = [step for step in sorted(steps) if any(key.startswith("val-") for key in steps[step])]
@@ -222,9 +224,10 @@ def main() -> int:
         if name == "seeds":
             overrides = [*SEEDS_BATCH_1, *common, "trainer.save_freq=-1", "trainer.resume_mode=disable"]
         elif profile:
-            # a profile as shipped (its batch unless EXTRA says), no saves, a fresh start each
-            batch = f"data.train_batch_size={profile[1]}"
-            overrides = [batch, *common, "trainer.save_freq=-1", "trainer.resume_mode=disable", *extras]
+            # a profile as shipped for one GPU (its batch unless EXTRA says), no saves, a fresh start each
+            batch = f"data.train_batch_size={load_profile(profile).per_gpu['train_batch_size']}"
+            given = [] if override_value(extras, "data.train_batch_size") else [batch]
+            overrides = [*given, *common, "trainer.save_freq=-1", "trainer.resume_mode=disable", *extras]
         else:
             batch = 32 if name == "refuse" else 16
             overrides = [f"data.train_batch_size={batch}", *common, f"trainer.save_freq={args.save_freq}"]
@@ -233,9 +236,7 @@ def main() -> int:
         log = args.out / f"{number}-{name}.log"
         # the refusal comes before verl starts: it runs whatever the training left of the budget
         until = float("inf") if name == "refuse" else deadline
-        summary = run(
-            name, overrides, env, log, kill, crashes, checkpoints / "bench", until, profile[0] if profile else None
-        )
+        summary = run(name, overrides, env, log, kill, crashes, checkpoints / "bench", until, profile)
         summary["extra"] = extras
         if name == "refuse":
             summary["said"] = log.read_text().strip().splitlines()[-3:]

@@ -562,7 +562,7 @@ def refusal(
     """What changed, why it matters, and the two ways on: the old settings, or a fresh folder beside this one."""
     fresh = next_free(folder)
     # the profile puts the run in {checkpoints}/{experiment}: VERLBOX_EXPERIMENT moves both, for every restart
-    uses_experiment = experiment == folder.name and environ.get("VERLBOX_EXPERIMENT", folder.name) == folder.name
+    uses_experiment = experiment == folder.name and (environ.get("VERLBOX_EXPERIMENT") or folder.name) == folder.name
     way = f"VERLBOX_EXPERIMENT={fresh.name}" if uses_experiment else f"trainer.default_local_dir={fresh}"
     reasons = dict.fromkeys(KEPT.get(key, KEPT["actor_rollout_ref.model.path"]) for key, _, _ in changes)
     return (
