@@ -246,3 +246,12 @@ def test_train_refuses_before_verl_starts_and_changes_nothing(root: Path, monkey
     train_module.train(spec, [], dry_run=False, gpu_memory_gib=None, console=console, gpus_per_node=1)
     assert len(started) == 2 and tracker(root).read_text() == "25"
     assert "checkpoints: verl resumes from global_step_25; its settings match this run's" in output.getvalue()
+
+
+def test_the_other_profile_over_the_same_folder_is_refused(saved: Path) -> None:
+    # compose passes an empty VERLBOX_EXPERIMENT when .env leaves the run name to the profile
+    with pytest.raises(PreflightFailed) as refused:
+        check_resume(overrides_for(saved), "grpo", {"VERLBOX_EXPERIMENT": ""}, print, dry_run=False)
+    sentence = str(refused.value)
+    assert "was saved with profile=p40 and this run asks for grpo" in sentence
+    assert sentence.endswith("with VERLBOX_EXPERIMENT=exp-2 (nothing is deleted)")
