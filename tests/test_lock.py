@@ -82,8 +82,8 @@ def test_apt_records_what_a_step_added_or_changed() -> None:
 def test_lock_slices_per_step_and_kind() -> None:
     lock = Lock(
         recipe="x",
-        recipe_hash="h",
-        base={"reference": "debian:bookworm-slim"},
+        recipe_hash="e" * 64,
+        base={"reference": "debian:bookworm-slim", "image_id": "sha256:" + "f" * 64},
         steps=[
             {"name": "python", "stage": "final", "apt": [{"name": "python3", "version": "3.11.2-1+b1"}]},
             {

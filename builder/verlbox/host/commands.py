@@ -184,7 +184,7 @@ def bundle(args: argparse.Namespace) -> int:
     if plan.lock is None:
         raise UsageError(f"recipe {recipe.name} has no lock ({recipe.lock_path}): build it and run `verlbox lock`")
     # the base the lock was made on: a bootstrapped base goes by its local reference
-    plan = BuildPlan(recipe, base_override=plan.lock.base["reference"])
+    plan = BuildPlan(recipe, base_override=plan.lock.base.reference)
     out_dir = Path(args.out)
     manifest = make_bundle(plan, out_dir, sources=_sources(args), progress=args.progress, console=err)
     size = bundle_bytes(out_dir, manifest)

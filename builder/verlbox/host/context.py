@@ -75,7 +75,8 @@ def write_context(plan: BuildPlan, directory: Path, sources: BuildSources | None
             if text := plan.lock_slice(step.name, kind):
                 (tools / "lock" / f"{step.name}.{kind}.txt").write_text(text)
         if step.pip:  # the step's record, when the build installs exactly these
-            (tools / "lock" / f"{step.name}.pip.json").write_text(json.dumps(step.pip, indent=1) + "\n")
+            record = [entry.model_dump(exclude_none=True) for entry in step.pip]
+            (tools / "lock" / f"{step.name}.pip.json").write_text(json.dumps(record, indent=1) + "\n")
     (directory / "image-spec.json").write_text(plan.recipe.image_spec().model_dump_json(indent=2) + "\n")
     if plan.apex and not plan.offline:  # offline, Apex's wheel comes prebuilt from the bundle
         # Apex's own folder: its cache key is the plan, the build script and the archive, nothing else

@@ -15,44 +15,86 @@ import json
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import Field, NonNegativeInt, ValidationError, field_validator
 
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
 from verlbox.host.engine import docker_output
+from verlbox.host.schema import (
+    DebianPackage,
+    DebianPin,
+    DebianVersion,
+    Digest,
+    DistributionFile,
+    DistributionName,
+    ExactVersion,
+    HttpsUrl,
+    ImageReference,
+    Sha256,
+    Slug,
+    Strict,
+    Text,
+    describe_error,
+)
 from verlbox.runtime.build_record import requirement_lines
 
 LOCK_FORMAT = 1
+# a build record as the image's Python dumps it: step -> "pip"/"apt" -> entries
+Records = dict[str, dict[str, list[dict[str, str]]]]
+# a lock is reviewed, then trusted by offline builds: every value has one shape, and none can become an
+# option, a second line or a path outside the build context on its way into a shell or a file name
 
 
-Entries = list[dict[str, str]]
+class PipEntry(Strict):
+    file: DistributionFile
+    name: DistributionName
+    sha256: Sha256
+    url: HttpsUrl | None = None  # only a URL the recipe itself names (build_record keeps no index URL)
+    version: ExactVersion
 
 
-class LockStep(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class AptEntry(Strict):
+    name: DebianPackage
+    version: DebianVersion
 
-    name: str
+
+class LockedBase(Strict):
+    reference: ImageReference
+    image_id: Digest
+    # a registry base: its repository digest; a bootstrapped one: its packages, its identity
+    digest: Annotated[Text, Field(pattern=r"^[^@\s]+@sha256:[0-9a-f]{64}$")] | None = None
+    packages: list[DebianPin] | None = None
+
+
+class LockStep(Strict):
+    name: Slug
     stage: Literal["final", "builder"]  # a builder stage's packages never reach the image
-    pip: Entries = []
-    apt: Entries = []
+    pip: list[PipEntry] = Field(default_factory=list)
+    apt: list[AptEntry] = Field(default_factory=list)
 
 
-class Lock(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    format: int = LOCK_FORMAT
-    recipe: str
-    recipe_hash: str
-    base: dict[str, Any]
+class Lock(Strict):
+    format: Literal[1] = LOCK_FORMAT
+    recipe: Slug
+    recipe_hash: Sha256
+    base: LockedBase
     steps: list[LockStep]  # in build order: a later step may replace what an earlier one installed
     # the date every file and history entry of an offline (bundle) build is clamped to: the locked build's
-    source_date_epoch: int | None = None
+    source_date_epoch: NonNegativeInt | None = None
+
+    @field_validator("steps")
+    @classmethod
+    def _steps_once(cls, steps: list[LockStep]) -> list[LockStep]:
+        names = [step.name for step in steps]
+        if twice := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"step {', '.join(twice)} is listed more than once")
+        return steps
 
     @property
     def content_hash(self) -> str:
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+        return hashlib.sha256(self.model_dump_json(exclude_none=True).encode()).hexdigest()
 
     def step(self, name: str) -> LockStep | None:
         return next((step for step in self.steps if step.name == name), None)
@@ -65,51 +107,83 @@ class Lock(BaseModel):
         if kind == "pip":
             # by_version: a file the lock names by URL is found by name and version (offline, in a folder)
             lines = requirement_lines(
-                [{k: v for k, v in e.items() if k != "url"} for e in entries] if by_version else entries
+                [entry.model_dump(exclude_none=True, exclude={"url"} if by_version else set()) for entry in entries]
             )
         else:
-            lines = [f"{e['name']}={e['version']}" for e in entries]
+            lines = [f"{entry.name}={entry.version}" for entry in entries]
         return "\n".join(lines) + "\n"
 
     def packages(self, kind: str) -> dict[str, str]:
         """What the final image holds, by name: the last step that installed a package decides its version."""
-        return {e["name"]: e["version"] for step in self.steps if step.stage == "final" for e in getattr(step, kind)}
+        return {e.name: e.version for step in self.steps if step.stage == "final" for e in getattr(step, kind)}
+
+    def check_steps(self, installing: list[str], path: Path, *, offline: bool) -> None:
+        """The lock's steps are exactly the steps the recipe's Dockerfile installs in: a step left out would
+        install unpinned, a step the recipe lacks would name files nothing checks. Offline, the builder
+        stages' steps are not run (their output comes prebuilt from the bundle)."""
+        missing = [name for name in installing if not self.step(name)]
+        extra = [
+            step.name
+            for step in self.steps
+            if step.name not in installing and not (offline and step.stage == "builder")
+        ]
+        problems = [f"{path}: steps: no step {name}, which the recipe installs in" for name in missing]
+        problems += [f"{path}: steps: step {name} is not one the recipe installs in" for name in extra]
+        if problems:
+            raise UsageError("\n".join(p + ": run `verlbox lock` again" for p in problems))
 
 
 def read_lock(path: Path) -> Lock:
     try:
-        return Lock.model_validate(json.loads(path.read_text()))
-    except (OSError, ValueError, ValidationError) as exc:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
         raise UsageError(
             f"{path}: not a verlbox lock ({' '.join(str(exc).split())[:300]}); run `verlbox lock`"
         ) from None
+    try:
+        return Lock.model_validate(data)
+    except ValidationError as exc:
+        raise UsageError("\n".join(_fault(path, error) for error in exc.errors())) from None
 
 
-def image_records(image: str) -> dict[str, dict[str, Entries]]:
+def _fault(path: Path, error: Any) -> str:
+    """One line per fault: the file, the key (steps.3.apt.0.version) and what it should hold."""
+    key = ".".join(str(part) for part in error["loc"]) or "(the file)"
+    return f"{path}: {key}: {describe_error(error)}"
+
+
+def image_records(image: str) -> Records:
     """The build record an image carries (/opt/verlbox/build-record), read by the image's own Python."""
     output = docker_output("run", "--rm", "--entrypoint", "python", image, "-m", "verlbox.runtime.build_record", "dump")
     return json.loads(output)
 
 
-def steps_in_build_order(dockerfile: str, records: dict[str, dict[str, Entries]]) -> list[LockStep]:
+def steps_in_build_order(dockerfile: str, records: Records) -> list[LockStep]:
     """The recorded steps, in the order the Dockerfile runs them (each step names itself when it records).
 
     A step in a `*-build` stage is a builder step: its packages build something (Apex) and stay there.
     """
-    order: list[str] = []
-    builder: set[str] = set()
-    for stage in re.split(r"^FROM ", dockerfile, flags=re.MULTILINE)[1:]:
-        name = stage.split("\n", 1)[0].rsplit(" AS ", 1)[-1]
-        for step in re.findall(r"verlbox_(?:pip|apt_end) ([a-z0-9-]+)", stage):
-            order.append(step)
-            if name.endswith("-build"):
-                builder.add(step)
+    order = installing_steps(dockerfile)
     steps = []
     for name, kinds in records.items():
         if name not in order:
             raise VerlboxError(f"the image records a step {name!r} this recipe's Dockerfile does not have")
-        steps.append(LockStep(name=name, stage="builder" if name in builder else "final", **kinds))
-    return sorted(steps, key=lambda step: order.index(step.name))
+        try:
+            steps.append(LockStep(name=name, stage=order[name], **kinds))
+        except ValidationError as exc:
+            faults = "; ".join(f"{'.'.join(map(str, e['loc']))}: {describe_error(e)}" for e in exc.errors()[:3])
+            raise VerlboxError(f"the image's record of step {name} cannot be locked: {faults}") from None
+    return sorted(steps, key=lambda step: list(order).index(step.name))
+
+
+def installing_steps(dockerfile: str) -> dict[str, Literal["final", "builder"]]:
+    """The steps a Dockerfile installs in, in order, each with its stage: "builder" in a `*-build` stage."""
+    order: dict[str, Literal["final", "builder"]] = {}
+    for stage in re.split(r"^FROM ", dockerfile, flags=re.MULTILINE)[1:]:
+        name = stage.split("\n", 1)[0].rsplit(" AS ", 1)[-1]
+        for step in re.findall(r"verlbox_(?:pip|apt_end) ([a-z0-9-]+)", stage):
+            order[step] = "builder" if name.endswith("-build") else "final"
+    return order
 
 
 def image_created(image: str) -> int:
@@ -152,4 +226,4 @@ def lock_from_image(recipe_name: str, recipe_hash: str, dockerfile: str, image: 
 
 
 def write_lock(path: Path, lock: Lock) -> None:
-    write_atomically(path, json.dumps(lock.model_dump(), indent=1) + "\n")
+    write_atomically(path, json.dumps(lock.model_dump(exclude_none=True), indent=1) + "\n")

@@ -22,7 +22,7 @@ from verlbox import paths
 from verlbox.errors import RecipeError
 from verlbox.host.components import COMPONENTS, Component
 from verlbox.host.reference import parse_reference
-from verlbox.host.schema import ComputeCapability, Digest, Slug, Strict, Text
+from verlbox.host.schema import ComputeCapability, Digest, Slug, Strict, Text, describe_error
 from verlbox.runtime.gpu import UnsupportedGpu, capability_for
 from verlbox.runtime.spec import ImageSpec
 
@@ -235,14 +235,6 @@ def _origin(loc: tuple[str, ...], origins: dict[tuple[str, ...], Path], fallback
     return fallback
 
 
-def _describe(error: Mapping[str, Any]) -> str:
-    if error["type"] == "extra_forbidden":
-        return "unknown key"
-    if error["type"] == "missing":
-        return "required key is missing"
-    return str(error["msg"]).removeprefix("Value error, ")
-
-
 def load_recipe(reference: str | Path) -> RecipeHead:
     path = resolve_recipe_path(str(reference))
     origins: dict[tuple[str, ...], Path] = {}
@@ -254,7 +246,7 @@ def load_recipe(reference: str | Path) -> RecipeHead:
         problems = []
         for error in exc.errors():
             loc = tuple(str(part) for part in error["loc"])
-            problems.append(RecipeError(_origin(loc, origins, path), ".".join(loc), _describe(error)))
+            problems.append(RecipeError(_origin(loc, origins, path), ".".join(loc), describe_error(error)))
         first = problems[0]
         if len(problems) > 1:
             first.args = ("\n".join(str(p) for p in problems),)

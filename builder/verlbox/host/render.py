@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import jinja2
 
 from verlbox.host.components import COMPONENTS
+from verlbox.host.lock import installing_steps
 from verlbox.host.schema import no_control_characters, shell_quote
+
+if TYPE_CHECKING:
+    from verlbox.host.plan import BuildPlan
 
 
 def _words(values: Iterable[object]) -> str:
@@ -51,6 +56,8 @@ TEMPLATES.filters |= {
 }
 
 
-def render_dockerfile(plan: object) -> str:
-    text = TEMPLATES.get_template("Dockerfile.j2").render(plan=plan)
-    return text.rstrip("\n") + "\n"
+def render_dockerfile(plan: BuildPlan) -> str:
+    text = TEMPLATES.get_template("Dockerfile.j2").render(plan=plan).rstrip("\n") + "\n"
+    if plan.lock:  # checked against what this Dockerfile installs, before anything reads the lock's slices
+        plan.lock.check_steps(list(installing_steps(text)), plan.recipe.lock_path, offline=plan.offline)
+    return text

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Annotated
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
@@ -72,6 +73,56 @@ def _https_url(value: str) -> str:
     return value
 
 
+_DEBIAN_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+")
+_DISTRIBUTION_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\.(whl|tar\.gz|zip)")
+
+
+def _distribution_name(value: str) -> str:
+    if not re.fullmatch(_NAME, value):
+        raise ValueError(f"expected a PEP 508 distribution name such as 'torch', got {value!r}")
+    return value
+
+
+def _debian_package(value: str) -> str:
+    if not _DEBIAN_PACKAGE.fullmatch(value):
+        raise ValueError(
+            f"expected a Debian package name (lower-case letters, digits and + . -, starting with a letter or "
+            f"digit), got {value!r}"
+        )
+    return value
+
+
+def _debian_pin(value: str) -> str:
+    name, equals, version = value.partition("=")
+    if not equals:
+        raise ValueError(f"expected NAME=VERSION of a Debian package, got {value!r}")
+    _debian_package(name)
+    _debian_version(version)
+    return value
+
+
+def _distribution_file(value: str) -> str:
+    if not _DISTRIBUTION_FILE.fullmatch(value):
+        raise ValueError(f"expected the file name of a wheel or source archive, got {value!r}")
+    return value
+
+
+def _image_reference(value: str) -> str:
+    from verlbox.host.reference import parse_reference
+
+    parse_reference(value)
+    return value
+
+
+def describe_error(error: Mapping[str, Any]) -> str:
+    """A pydantic error as the rest of a one-line message: what the key should have held."""
+    if error["type"] == "extra_forbidden":
+        return "unknown key"
+    if error["type"] == "missing":
+        return "required key is missing"
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
 Text = Annotated[str, BeforeValidator(_must_be_text), AfterValidator(no_control_characters)]
 ExactVersion = Annotated[Text, AfterValidator(_exact_version)]
 DebianVersion = Annotated[Text, AfterValidator(_debian_version)]
@@ -81,6 +132,11 @@ GitCommit = Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Digest = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 Slug = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
+DistributionName = Annotated[Text, AfterValidator(_distribution_name)]
+DistributionFile = Annotated[Text, AfterValidator(_distribution_file)]
+DebianPackage = Annotated[Text, AfterValidator(_debian_package)]
+DebianPin = Annotated[Text, AfterValidator(_debian_pin)]
+ImageReference = Annotated[Text, AfterValidator(_image_reference)]
 ComputeCapability = Annotated[str, BeforeValidator(_must_be_text), Field(pattern=r"^[1-9][0-9]?\.[0-9]$")]
 
 

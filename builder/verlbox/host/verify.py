@@ -94,14 +94,14 @@ def _base_differences(lock: Lock, reference: str | None) -> list[str]:
         current = base_identity(reference)
     except VerlboxError as exc:  # the base may be gone from this engine: say so, it is not a match
         return [f"base {reference}: not on this engine, cannot compare ({exc})"]
-    if "digest" in lock.base:
+    if lock.base.digest:
         return (
             []
-            if current.get("digest") == lock.base["digest"]
-            else [f"base {reference}: digest {current.get('digest')}, lock {lock.base['digest']}"]
+            if current.get("digest") == lock.base.digest
+            else [f"base {reference}: digest {current.get('digest')}, lock {lock.base.digest}"]
         )
     # a local base (debootstrap) differs in file times from run to run: its packages are its identity
-    locked, have = set(lock.base.get("packages", [])), set(current.get("packages", []))
+    locked, have = set(lock.base.packages or []), set(current.get("packages", []))
     return [f"base package {line}: lock only" for line in sorted(locked - have)] + [
         f"base package {line}: base only" for line in sorted(have - locked)
     ]
