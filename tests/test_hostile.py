@@ -3,9 +3,11 @@ code, no traceback and nothing written; values that are valid but odd reach the 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +15,9 @@ import pytest
 import yaml
 
 from conftest import REPO, run_verlbox
+from test_bundle import write_bundle
 from verlbox.errors import BAD_INPUT, UsageError
+from verlbox.host.bundle import MANIFEST, check_base_archive, check_debs, check_files, read_manifest
 from verlbox.host.plan import BuildPlan
 from verlbox.host.recipe import load_recipe
 from verlbox.host.reference import parse_tag
@@ -298,3 +302,146 @@ def test_the_shipped_lock_passes_its_own_schema_and_each_fault_is_its_own_line(t
     lines = result.stderr.strip().splitlines()
     assert result.returncode == BAD_INPUT and len(lines) == 2, result.stderr
     assert "steps.0.apt.0.version" in lines[0] and "steps.1.pip.0.sha256" in lines[1]
+
+
+# ---- crafted bundles: the manifest is an index, the lock decides -------------------------------------------
+
+
+def _offline_plan() -> BuildPlan:
+    return BuildPlan(load_recipe("p40-cu124"), base_override=BUNDLE_BASE, offline=True)
+
+
+BUNDLE_BASE = "verlbox-base/debian:bookworm-minbase"
+
+
+def _locked_debs(plan: BuildPlan) -> dict[str, bytes]:
+    """One stand-in .deb per locked package of the image's apt steps, named as `apt-get download` names them."""
+    assert plan.lock is not None
+    return {
+        f"debs/{step.name}/{entry.name}_{entry.version.replace(':', '%3a')}_amd64.deb": entry.name.encode()
+        for step in plan.lock.steps
+        if step.stage == "final"
+        for entry in step.apt
+    }
+
+
+def test_a_manifest_naming_another_base_is_refused(tmp_path: Path) -> None:
+    plan = _offline_plan()
+    bundle = write_bundle(tmp_path, plan, {"wheels/six-1.16.0-py2.py3-none-any.whl": b"w"})
+    manifest = json.loads((bundle / MANIFEST).read_text())
+    manifest["base"]["reference"] = "attacker/anything:latest"
+    (bundle / MANIFEST).write_text(json.dumps(manifest))
+    result = run_verlbox("render", "p40-cu124", "--offline", str(bundle))
+    assert_refused(result, "manifest.json: base.reference is attacker/anything:latest", BUNDLE_BASE)
+
+
+@pytest.mark.parametrize(
+    ("edit", "key"),
+    [
+        (lambda m: m["base"].update(reference="debian\nFROM evil"), "base.reference"),
+        (lambda m: m["files"].update({"../outside.whl": "0" * 64}), "files.../outside.whl.[key]"),
+        (lambda m: m["files"].update({"/etc/passwd": "0" * 64}), "files./etc/passwd.[key]"),
+        (lambda m: m["base"].update(image_id="latest"), "base.image_id"),
+    ],
+    ids=["newline", "traversal", "absolute", "image-id"],
+)
+def test_a_malformed_manifest_is_one_line_naming_the_key(tmp_path: Path, edit: Callable[[dict], object], key: str):
+    plan = _offline_plan()
+    bundle = write_bundle(tmp_path, plan, {"wheels/six-1.16.0-py2.py3-none-any.whl": b"w"})
+    manifest = json.loads((bundle / MANIFEST).read_text())
+    edit(manifest)
+    (bundle / MANIFEST).write_text(json.dumps(manifest))
+    assert_refused(run_verlbox("render", "p40-cu124", "--offline", str(bundle)), f"manifest.json: {key}: ")
+
+
+def test_debs_are_exactly_the_locks_for_each_step(tmp_path: Path) -> None:
+    plan = _offline_plan()
+    assert plan.lock is not None
+    debs = _locked_debs(plan)
+    check_debs(tmp_path, read_manifest(write_bundle(tmp_path, plan, debs)), plan.lock)
+    extra = debs | {"debs/python/evil_1.0_amd64.deb": b"x"}  # listed in a manifest recomputed over it
+    with pytest.raises(UsageError, match=r"debs/python: evil=1\.0 not in the lock's step python"):
+        check_debs(tmp_path, read_manifest(write_bundle(tmp_path / "extra", plan, extra)), plan.lock)
+    first = next(iter(debs))
+    swapped = {name.replace("_amd64", "-evil_amd64") if name == first else name: data for name, data in debs.items()}
+    with pytest.raises(UsageError, match="not in the lock's step python"):
+        check_debs(tmp_path, read_manifest(write_bundle(tmp_path / "swapped", plan, swapped)), plan.lock)
+    missing = dict(list(debs.items())[1:])
+    with pytest.raises(UsageError, match=r"no \.deb for"):
+        check_debs(tmp_path, read_manifest(write_bundle(tmp_path / "missing", plan, missing)), plan.lock)
+    compiler = debs | {"debs/apex-compiler/gcc_12_amd64.deb": b"x"}  # a builder step's packages are never bundled
+    with pytest.raises(UsageError, match=r"debs/apex-compiler: gcc=12 not in the lock's step apex-compiler"):
+        check_debs(tmp_path, read_manifest(write_bundle(tmp_path / "compiler", plan, compiler)), plan.lock)
+
+
+def test_symlinks_in_a_bundle_or_as_the_bundle_are_refused(tmp_path: Path) -> None:
+    plan = _offline_plan()
+    bundle = write_bundle(tmp_path / "bundle", plan, {"wheels/six-1.16.0-py2.py3-none-any.whl": b"w"})
+    link = tmp_path / "link"
+    link.symlink_to(bundle)
+    assert_refused(run_verlbox("render", "p40-cu124", "--offline", str(link)), "is a symbolic link")
+    outside = tmp_path / "outside.whl"
+    outside.write_bytes(b"w")
+    (bundle / "wheels/six-1.16.0-py2.py3-none-any.whl").unlink()
+    (bundle / "wheels/six-1.16.0-py2.py3-none-any.whl").symlink_to(outside)  # same bytes, same hash
+    with pytest.raises(UsageError, match=r"six-1\.16\.0-py2\.py3-none-any\.whl: a symbolic link"):
+        check_files(bundle, read_manifest(bundle))
+    (bundle / "wheels/six-1.16.0-py2.py3-none-any.whl").unlink()
+    os.mkfifo(bundle / "wheels/six-1.16.0-py2.py3-none-any.whl")
+    with pytest.raises(UsageError, match="not a regular file"):
+        check_files(bundle, read_manifest(bundle))
+
+
+def _saved_archive(
+    path: Path, image_id: str, tags: list[str], packages: list[str], images: int = 1, index_name: str | None = None
+) -> Path:
+    """An archive laid out as `docker save` writes it (manifest.json, OCI blobs, index.json): one layer whose
+    dpkg status lists PACKAGES as installed."""
+
+    def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+    status = "\n\n".join(
+        f"Package: {p.split('=')[0]}\nStatus: install ok installed\nVersion: {p.split('=')[1]}" for p in packages
+    )
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as inner:
+        add(inner, "var/lib/dpkg/status", status.encode())
+    config = image_id.removeprefix("sha256:")
+    entry = {"Config": f"blobs/sha256/{config}", "RepoTags": tags, "Layers": ["blobs/sha256/layer"]}
+    index = {"manifests": [{"annotations": {"io.containerd.image.name": index_name}}]} if index_name else {}
+    with tarfile.open(path, "w") as tar:
+        add(tar, "manifest.json", json.dumps([entry] * images).encode())
+        add(tar, "index.json", json.dumps(index).encode())
+        add(tar, "blobs/sha256/layer", layer.getvalue())
+        add(tar, f"blobs/sha256/{config}", b"{}")
+    return path
+
+
+def test_base_tar_is_read_before_it_is_loaded(tmp_path: Path) -> None:
+    plan = _offline_plan()
+    assert plan.lock is not None and plan.lock.base.packages
+    bundle = write_bundle(tmp_path, plan, {"wheels/six-1.16.0-py2.py3-none-any.whl": b"w"})
+    manifest = read_manifest(bundle)
+    wanted, packages = manifest.base.image_id, plan.lock.base.packages
+    archive = tmp_path / "base.tar"
+
+    def refusal(**changes: object) -> str:
+        arguments: dict = {"image_id": wanted, "tags": [BUNDLE_BASE], "packages": packages} | changes
+        _saved_archive(archive, **arguments)
+        with pytest.raises(UsageError) as refused:
+            check_base_archive(archive, manifest, plan.lock)
+        return str(refused.value)
+
+    _saved_archive(archive, wanted, [BUNDLE_BASE], packages, index_name=f"docker.io/{BUNDLE_BASE}")
+    check_base_archive(archive, manifest, plan.lock)  # the genuine layout passes
+    assert "would tag debian:bookworm-slim" in refusal(tags=[BUNDLE_BASE, "debian:bookworm-slim"])
+    assert "would tag mine:latest" in refusal(index_name="mine:latest")
+    assert "holds 2 images" in refusal(images=2)
+    assert f"not the bundle's base {wanted}" in refusal(image_id="sha256:" + "9" * 64)
+    assert "packages differ from the lock's base, e.g. evil=1" in refusal(packages=[*packages, "evil=1"])
+    archive.write_bytes(b"not a tar")
+    with pytest.raises(UsageError, match="not a `docker save` archive"):
+        check_base_archive(archive, manifest, plan.lock)

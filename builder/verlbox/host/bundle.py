@@ -13,20 +13,28 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import secrets
 import shutil
+import stat
 import subprocess
+import tarfile
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import IO, Annotated, Literal
+from urllib.parse import unquote
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, ValidationError
 from rich.console import Console
 
 from verlbox.errors import UsageError
 from verlbox.files import write_atomically
 from verlbox.host.build import run_buildx
 from verlbox.host.engine import docker_output, require_cli
+from verlbox.host.lock import Lock
 from verlbox.host.plan import BuildPlan
+from verlbox.host.schema import Digest, ImageReference, Sha256, Slug, Strict, describe_error
 from verlbox.host.sources import BuildSources
 from verlbox.runtime.apex_build import file_sha256
 
@@ -35,22 +43,33 @@ MANIFEST = "manifest.json"
 BASE_ARCHIVE = "base.tar"
 
 
-class BundleBase(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    reference: str
-    image_id: str
+_PATH_PART = re.compile(r"[A-Za-z0-9_+%~-][A-Za-z0-9._+%~-]*")
 
 
-class Manifest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def _bundle_path(value: str) -> str:
+    if not all(_PATH_PART.fullmatch(part) for part in value.split("/")):
+        raise ValueError(f"expected a relative path such as wheels/x.whl (no '..', no leading '/'), got {value!r}")
+    return value
 
-    format: int = BUNDLE_FORMAT
-    recipe: str
-    recipe_hash: str
-    lock_hash: str
+
+# a path inside the bundle: names of letters, digits and ._+%~- not starting with a dot, never absolute
+BundlePath = Annotated[str, AfterValidator(_bundle_path)]
+
+
+class BundleBase(Strict):
+    reference: ImageReference
+    image_id: Digest
+
+
+class Manifest(Strict):
+    """An index of the bundle, never a source of trust: every value is checked against the lock."""
+
+    format: Literal[1] = BUNDLE_FORMAT
+    recipe: Slug
+    recipe_hash: Sha256
+    lock_hash: Sha256
     base: BundleBase
-    files: dict[str, str]  # path inside the bundle -> sha256
+    files: dict[BundlePath, Sha256]  # path inside the bundle -> sha256
 
 
 def _hashes(root: Path, paths: list[Path]) -> dict[str, str]:
@@ -118,14 +137,28 @@ def make_bundle(
     return manifest
 
 
+def bundle_folder(given: str) -> Path:
+    """The bundle's folder, resolved once: what is checked is what BuildKit reads. A symlink is refused: it
+    could be pointed elsewhere between the check and the build."""
+    path = Path(given)
+    if path.is_symlink():
+        raise UsageError(f"--offline {given}: is a symbolic link; give the bundle's own folder")
+    return path.resolve()  # one that is not there has no manifest, which `read_manifest` says
+
+
 def read_manifest(bundle: Path) -> Manifest:
     path = bundle / MANIFEST
     try:
-        return Manifest.model_validate(json.loads(path.read_text()))
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise UsageError(f"--offline {bundle}: no {MANIFEST}; make a bundle with `verlbox bundle`") from None
-    except (OSError, ValueError, ValidationError) as exc:
+    except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: not a verlbox bundle manifest ({' '.join(str(exc).split())[:300]})") from None
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        faults = [f"{path}: {'.'.join(map(str, e['loc']))}: {describe_error(e)}" for e in exc.errors()]
+        raise UsageError("\n".join(faults)) from None
 
 
 def bundle_bytes(bundle: Path, manifest: Manifest) -> int:
@@ -146,10 +179,14 @@ def check_manifest(plan: BuildPlan, bundle: Path, manifest: Manifest) -> None:
     path = bundle / MANIFEST
     lock = plan.lock
     assert lock is not None  # an offline plan has a lock
+    expected_base = [("base.reference", manifest.base.reference, lock.base.reference)]
+    if lock.base.digest:  # a registry base is one image; a bootstrapped one is checked by its packages on load
+        expected_base.append(("base.image_id", manifest.base.image_id, lock.base.image_id))
     for key, found, expected in (
         ("recipe", manifest.recipe, plan.recipe.name),
         ("recipe_hash", manifest.recipe_hash, plan.recipe.content_hash),
         ("lock_hash", manifest.lock_hash, lock.content_hash),
+        *expected_base,
     ):
         if found != expected:
             raise UsageError(
@@ -164,7 +201,7 @@ def check_files(bundle: Path, manifest: Manifest) -> None:
     A file the manifest does not list is refused too: an offline apt step installs every .deb of its folder.
     """
     path = bundle / MANIFEST
-    present = {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()} - {MANIFEST}
+    present = set(regular_files(bundle)) - {MANIFEST}
     listed = set(manifest.files)
     for names, problem in ((listed - present, "listed in it are missing"), (present - listed, "are not listed in it")):
         if names:
@@ -174,7 +211,106 @@ def check_files(bundle: Path, manifest: Manifest) -> None:
             raise UsageError(f"{bundle / name}: sha256 {digest}, but {MANIFEST} says {manifest.files[name]}")
 
 
-def load_base(bundle: Path, manifest: Manifest, console: Console) -> str:
+def regular_files(bundle: Path) -> list[str]:
+    """Every file under BUNDLE as a relative path; a symlink or anything but a regular file or folder is
+    refused (a link would have the check hash one file and the build read another)."""
+    found = []
+    for folder, folders, files in os.walk(bundle):  # never follows links
+        for name in folders + files:
+            path = Path(folder) / name
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+                raise UsageError(f"{path}: {kind}; a bundle holds only regular files and folders")
+            if stat.S_ISREG(mode):
+                found.append(path.relative_to(bundle).as_posix())
+    return found
+
+
+def check_debs(bundle: Path, manifest: Manifest, lock: Lock) -> None:
+    """Each step's .debs are exactly the lock's `name=version` for that step (an offline apt step installs
+    its whole folder): an extra, swapped or missing package is refused by name."""
+    found: dict[str, set[str]] = {}
+    for name in manifest.files:
+        parts = PurePosixPath(name).parts
+        if parts[0] != "debs":
+            continue
+        package, _, rest = parts[-1].partition("_")
+        version = unquote(rest.rpartition("_")[0])  # apt-get download writes an epoch's ':' as %3a
+        if len(parts) != 3 or not parts[-1].endswith(".deb") or not version:
+            raise UsageError(f"{bundle / name}: not a STEP/NAME_VERSION_ARCH.deb the bundle makes")
+        found.setdefault(parts[1], set()).add(f"{package}={version}")
+    for step in lock.steps:
+        locked = {f"{entry.name}={entry.version}" for entry in step.apt} if step.stage == "final" else set()
+        have = found.pop(step.name, set())
+        if extra := sorted(have - locked):
+            raise UsageError(f"{bundle}/debs/{step.name}: {', '.join(extra)} not in the lock's step {step.name}")
+        if missing := sorted(locked - have):
+            raise UsageError(f"{bundle}/debs/{step.name}: no .deb for {', '.join(missing)} (the lock's)")
+    if found:
+        raise UsageError(f"{bundle}/debs/{sorted(found)[0]}: a folder for a step the lock has no packages for")
+
+
+def check_base_archive(archive: Path, manifest: Manifest, lock: Lock) -> None:
+    """base.tar read before `docker load`: one image, the manifest's image ID, no name but the base's own
+    (a crafted archive could retag images already on the engine), and for a bootstrapped base the lock's
+    exact package list."""
+    reference, wanted = manifest.base.reference, manifest.base.image_id
+    try:
+        with tarfile.open(archive) as tar:
+            images = json.load(_member(tar, "manifest.json"))
+            names = [tag for image in images for tag in image.get("RepoTags") or []]
+            if (index := _optional_member(tar, "index.json")) is not None:
+                for entry in json.load(index).get("manifests", []):
+                    annotations = entry.get("annotations") or {}
+                    names += [v for k, v in annotations.items() if k == "io.containerd.image.name"]
+            if len(images) != 1:
+                raise UsageError(f"{archive}: holds {len(images)} images; a bundle's base is one")
+            config = images[0]["Config"]
+            if f"sha256:{PurePosixPath(config).name.removesuffix('.json')}" != wanted:
+                raise UsageError(f"{archive}: its image is {config}, not the bundle's base {wanted}")
+            if foreign := sorted({n for n in names if n not in (reference, f"docker.io/{reference}")}):
+                raise UsageError(f"{archive}: would tag {', '.join(foreign)}; only {reference} is the base's name")
+            if lock.base.packages is not None:
+                have = _dpkg_packages(tar, images[0]["Layers"])
+                if diff := sorted(set(lock.base.packages) ^ have):
+                    raise UsageError(f"{archive}: its packages differ from the lock's base, e.g. {diff[0]}")
+    except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{archive}: not a `docker save` archive ({exc})") from None
+
+
+def _member(tar: tarfile.TarFile, name: str) -> IO[bytes]:
+    handle = tar.extractfile(name)
+    if handle is None:
+        raise KeyError(name)
+    return handle
+
+
+def _optional_member(tar: tarfile.TarFile, name: str) -> IO[bytes] | None:
+    try:
+        return _member(tar, name)
+    except KeyError:
+        return None
+
+
+def _dpkg_packages(tar: tarfile.TarFile, layers: list[str]) -> set[str]:
+    """NAME=VERSION of the installed packages in the last layer that holds dpkg's status file."""
+    status = None
+    for layer in layers:
+        with tarfile.open(fileobj=_member(tar, layer)) as inner:
+            if (member := _optional_member(inner, "var/lib/dpkg/status")) is not None:
+                status = member.read().decode()
+    if status is None:
+        raise ValueError("no var/lib/dpkg/status in its layers")
+    packages = set()
+    for record in status.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in record.splitlines() if ": " in line and not line[0].isspace())
+        if fields.get("Status", "").endswith(" installed"):
+            packages.add(f"{fields['Package']}={fields['Version']}")
+    return packages
+
+
+def load_base(bundle: Path, manifest: Manifest, lock: Lock, console: Console) -> str:
     """The bundle's base on this engine under its reference: loaded from base.tar when it is not there yet."""
     reference, wanted = manifest.base.reference, manifest.base.image_id
     current = _image_id(reference)
@@ -185,6 +321,7 @@ def load_base(bundle: Path, manifest: Manifest, console: Console) -> str:
             f"{reference} on this engine is {current[:19]}, not the bundle's base {wanted[:19]}: "
             f"remove or retag it, and the build loads the bundle's {BASE_ARCHIVE}"
         )
+    check_base_archive(bundle / BASE_ARCHIVE, manifest, lock)
     with console.status(f"loading base image {reference} from {bundle / BASE_ARCHIVE}"):
         docker_output("image", "load", "--quiet", "--input", str(bundle / BASE_ARCHIVE))
     if _image_id(reference) != wanted:

@@ -86,11 +86,12 @@ def render(args: argparse.Namespace) -> int:
         raise UsageError("render needs a RECIPE (or --check / --sync)")
     recipe = load_recipe(args.recipe)
     if args.offline:
-        from verlbox.host.bundle import check_manifest, read_manifest
+        from verlbox.host.bundle import bundle_folder, check_manifest, read_manifest
 
-        manifest = read_manifest(Path(args.offline))
+        bundle = bundle_folder(args.offline)
+        manifest = read_manifest(bundle)
         plan = BuildPlan(recipe, base_override=manifest.base.reference, offline=True)
-        check_manifest(plan, Path(args.offline), manifest)
+        check_manifest(plan, bundle, manifest)
     else:
         plan = BuildPlan(recipe, base_override=args.base_image)
     text = render_dockerfile(plan)
@@ -116,13 +117,15 @@ def _sources(args: argparse.Namespace) -> BuildSources:
 
 def build(args: argparse.Namespace) -> int:
     from verlbox.host.build import build_image, check_tags, default_tag
+    from verlbox.host.bundle import bundle_folder
 
     recipe = load_recipe(args.recipe)
     check_tags(args.tag or [])
     if args.skip_space_check and not args.offline:
         raise UsageError("--skip-space-check goes with --offline: only offline builds check the room first")
     if args.offline:
-        plan, sources, bundle = _offline_plan(args, recipe), _sources(args), Path(args.offline)
+        bundle = bundle_folder(args.offline)
+        plan, sources = _offline_plan(args, recipe, bundle), _sources(args)
     else:
         plan, sources, bundle = _online_plan(args, recipe), _sources(args), None
     result = build_image(
@@ -154,25 +157,26 @@ def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
     return BuildPlan(recipe, base_override=base_override)
 
 
-def _offline_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
+def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) -> BuildPlan:
     """Room for the build checked, the bundle checked file by file and its base loaded, before any step runs."""
-    from verlbox.host.bundle import bundle_bytes, check_files, check_manifest, load_base, read_manifest
+    from verlbox.host.bundle import bundle_bytes, check_debs, check_files, check_manifest, load_base, read_manifest
     from verlbox.host.diskspace import offline_build_need, require_free_space
     from verlbox.host.engine import client
 
     clashing = [f"--{name.replace('_', '-')}" for name in OFFLINE_CLASHES if getattr(args, name)]
     if clashing:
         raise UsageError(f"--offline builds from the bundle alone: drop {', '.join(clashing)}")
-    bundle = Path(args.offline)
     manifest = read_manifest(bundle)
     plan = BuildPlan(recipe, base_override=manifest.base.reference, offline=True)
     check_manifest(plan, bundle, manifest)  # a bundle for another recipe or lock is bad input, before the room
+    assert plan.lock is not None  # an offline plan has a lock
+    check_debs(bundle, manifest, plan.lock)
     if not args.skip_space_check:
         need = offline_build_need(bundle_bytes(bundle, manifest))
         require_free_space(client(), need, f"an offline build of {recipe.name}")
     with err.status(f"checking {bundle} against its manifest"):
         check_files(bundle, manifest)
-    load_base(bundle, manifest, err)
+    load_base(bundle, manifest, plan.lock, err)
     return plan
 
 
