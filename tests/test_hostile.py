@@ -445,3 +445,21 @@ def test_base_tar_is_read_before_it_is_loaded(tmp_path: Path) -> None:
     archive.write_bytes(b"not a tar")
     with pytest.raises(UsageError, match="not a `docker save` archive"):
         check_base_archive(archive, manifest, plan.lock)
+
+
+def test_bundle_out_on_a_symlink_is_one_line_and_the_link_stays(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    assert_refused(run_verlbox("bundle", "p40-cu124", "--out", str(tmp_path / "link")), "is a symbolic link")
+    assert (tmp_path / "link").is_symlink() and list((tmp_path / "empty").iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["10m", "-5", "nan", "1e999"])
+def test_a_malformed_cluster_wait_is_named_before_waiting(value: str) -> None:
+    from rich.console import Console
+
+    from verlbox.runtime import train
+
+    environ = {"RAY_ADDRESS": "127.0.0.1:9", "VERLBOX_CLUSTER_WAIT_S": value}
+    with pytest.raises(UsageError, match=rf"^VERLBOX_CLUSTER_WAIT_S={value}: expected a number of seconds >= 0$"):
+        train.resolve_topology(None, 2, [], environ, Console(file=io.StringIO()))

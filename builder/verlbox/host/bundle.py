@@ -95,6 +95,8 @@ def make_bundle(
         raise UsageError(f"recipe {plan.recipe.name} has no lock: build it, run `verlbox lock`, then bundle")
     if lock.source_date_epoch is None:
         raise UsageError(f"{plan.recipe.lock_path}: no source_date_epoch (an older lock): run `verlbox lock` again")
+    if out.is_symlink():  # the bundle is renamed into place: a link would be replaced, or followed elsewhere
+        raise UsageError(f"--out {out}: is a symbolic link; give a new folder")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out}: exists and is not an empty folder; give a new one")
     base_id = _image_id(plan.base_image)

@@ -11,7 +11,6 @@ reason in the log and in HALT_FILE for the healthcheck, instead of exiting into 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import signal
 import subprocess
@@ -23,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 
 from verlbox.errors import RunHalted, UsageError
+from verlbox.runtime.environment import number
 
 # compose's healthcheck looks for it: a halted run shows as unhealthy in `docker compose ps`
 HALT_FILE = Path("/tmp/verlbox-halted")
@@ -42,9 +42,9 @@ class RestartPolicy:
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> RestartPolicy:
         return cls(
-            failures=int(_number(environ, "VERLBOX_RESTART_FAILURES", cls.failures, minimum=1, whole=True)),
-            window_s=_number(environ, "VERLBOX_RESTART_WINDOW_S", cls.window_s, minimum=0),
-            delay_s=_number(environ, "VERLBOX_RESTART_DELAY_S", cls.delay_s, minimum=0),
+            failures=int(number(environ, "VERLBOX_RESTART_FAILURES", cls.failures, minimum=1, whole=True)),
+            window_s=number(environ, "VERLBOX_RESTART_WINDOW_S", cls.window_s, minimum=0),
+            delay_s=number(environ, "VERLBOX_RESTART_DELAY_S", cls.delay_s, minimum=0),
         )
 
     def halt_reason(self, attempts: Sequence[Attempt]) -> str | None:
@@ -57,20 +57,6 @@ class RestartPolicy:
         if len(tail) == self.failures and not any(a.progressed for a in tail):
             return f"{self.failures} failures in a row, none after a new checkpoint: every restart dies before saving"
         return None
-
-
-def _number(environ: Mapping[str, str], name: str, default: float, *, minimum: float, whole: bool = False) -> float:
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value: float | None = int(raw) if whole else float(raw)
-    except ValueError:
-        value = None
-    if value is None or not math.isfinite(value) or value < minimum:
-        kind = "a whole number" if whole else "a number of seconds"
-        raise UsageError(f"{name}={raw}: expected {kind} >= {minimum:g}")
-    return value
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from verlbox.errors import PreflightFailed, UsageError, VerlboxError
-from verlbox.runtime import checkpoints, cluster, hub, preflight, supervisor
+from verlbox.runtime import checkpoints, cluster, environment, hub, preflight, supervisor
 from verlbox.runtime.data import prepare_gsm8k
 from verlbox.runtime.memory_cap import SITECUSTOMIZE_DIR
 from verlbox.runtime.overrides import (
@@ -91,7 +91,8 @@ def resolve_topology(
         return Topology(gpus_per_node, nodes or 1, "given")
     if address:
         if nodes:
-            cluster.wait_for_nodes(nodes, float(environ.get("VERLBOX_CLUSTER_WAIT_S", "600")), console)
+            wait_s = environment.number(environ, "VERLBOX_CLUSTER_WAIT_S", 600, minimum=0)
+            cluster.wait_for_nodes(nodes, wait_s, console)
         found = cluster.cluster_topology(address)
     else:
         count = visible_gpus()
