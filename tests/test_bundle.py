@@ -16,7 +16,7 @@ import pytest
 from conftest import run_verlbox
 from verlbox.errors import UsageError
 from verlbox.host.bundle import MANIFEST, BundleBase, Manifest, check_bundle
-from verlbox.host.clamp import clamped_layer
+from verlbox.host.clamp import BLOCK, clamped_layer
 from verlbox.host.plan import BuildPlan
 from verlbox.host.recipe import load_recipe
 from verlbox.host.render import render_dockerfile
@@ -179,6 +179,31 @@ def test_clamping_sets_later_times_to_the_epoch_and_keeps_size_and_contents(pax:
     # two layers that differ only in times after the epoch become the same bytes
     later = [(name, mtime + 5 if mtime > epoch else mtime) for name, mtime in entries]
     assert b"".join(clamped_layer(io.BytesIO(layer(later, pax)), epoch)) == clamped
+
+
+def test_a_pax_size_record_decides_where_the_next_header_is() -> None:
+    """A file of 8 GiB or more has its size only in a PAX record (the ustar field cannot hold it): stood in
+    for here by a small file whose ustar size field reads 0, as a writer may leave it."""
+    epoch, data = 1_700_000_000, b"x" * 3000
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        big = tarfile.TarInfo("big")
+        big.size, big.mtime, big.pax_headers = len(data), 1_796_057_003, {"size": str(len(data))}
+        tar.addfile(big, io.BytesIO(data))
+        after = tarfile.TarInfo("after")
+        after.size, after.mtime = 1, 1_796_057_004
+        tar.addfile(after, io.BytesIO(b"a"))
+    original = bytearray(buffer.getvalue())
+    pax_length = -(-int(original[124:136].rstrip(b"\0 ") or b"0", 8) // BLOCK) * BLOCK
+    header = BLOCK + pax_length  # the file's own ustar header, after the PAX header and its records
+    original[header + 124 : header + 136] = b"00000000000\0"
+    fields = original[header : header + 148] + b" " * 8 + original[header + 156 : header + BLOCK]
+    original[header + 148 : header + 156] = f"{sum(fields):06o}".encode() + b"\0 "
+    clamped = b"".join(clamped_layer(io.BytesIO(bytes(original)), epoch))
+    assert len(clamped) == len(original)
+    with tarfile.open(fileobj=io.BytesIO(clamped)) as tar:
+        found = {member.name: (member.mtime, tar.extractfile(member).read()) for member in tar}  # type: ignore[union-attr]
+    assert found == {"big": (epoch, data), "after": (epoch, b"a")}
 
 
 def test_hadolint_finds_nothing_in_the_offline_dockerfile(tmp_path: Path) -> None:

@@ -63,19 +63,34 @@ def _clamped_pax(records: bytes, epoch: int) -> bytes:
     return b"".join(out) + records[position:]
 
 
+def _pax_size(records: bytes) -> int | None:
+    """The `size` a PAX header gives its file (a file of 8 GiB or more, whose ustar size field cannot)."""
+    for line in records.rstrip(b"\0").split(b"\n"):
+        key, _, value = line.partition(b" ")[2].partition(b"=")
+        if key == b"size":
+            return int(value)
+    return None
+
+
 def clamped_layer(source: IO[bytes], epoch: int) -> Iterator[bytes]:
     """One layer tar with every header time after EPOCH set to it; contents and size unchanged."""
+    pax_size: int | None = None  # what the last PAX header says the next file's size is
     while header := source.read(BLOCK):
         if len(header) != BLOCK or header == bytes(BLOCK):  # end of archive: the rest is padding
             yield header + source.read()
             return
         size = _number(header[_SIZE_FIELD])
+        if header[156:157] not in (b"x", b"g") and pax_size is not None:
+            size, pax_size = pax_size, None
         data_size = -(-size // BLOCK) * BLOCK
         if _number(header[_TIME_FIELD]) > epoch:
             header = _with_time(header, epoch)
         yield header
         if header[156:157] in (b"x", b"g"):
-            yield _clamped_pax(_read(source, data_size), epoch)
+            records = _read(source, data_size)
+            if header[156:157] == b"x":
+                pax_size = _pax_size(records)
+            yield _clamped_pax(records, epoch)
             continue
         remaining = data_size
         while remaining:
