@@ -21,7 +21,8 @@ def test_a_staging_tag_names_this_process_and_host_in_a_valid_tag() -> None:
     assert first != second
     tag = first.rpartition(":")[2]
     assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", tag), tag
-    assert tag.startswith(f"{os.getpid()}-")
+    pid, _token, namespace, _host = tag.split("-", 3)
+    assert pid == str(os.getpid()) and namespace == str(os.stat("/proc/self/ns/pid").st_ino)
 
 
 @pytest.mark.docker
@@ -34,11 +35,17 @@ def test_only_the_tags_of_dead_builds_on_this_host_are_removed(docker_engine, tm
     killed = live.replace(live.rpartition(":")[2].partition("-")[0], str(dead_pid), 1)
     elsewhere = f"{killed}-on-another-host"
     foreign = f"{REPOSITORY}/{RECIPE}:0123456789ab"  # an older verlbox's tag: unknown owner, kept
-    made = [live, killed, elsewhere, foreign]
+    pid, token, _namespace, host = killed.rpartition(":")[2].split("-", 3)
+    # a build in another container on this host: its PID is another namespace's, so it cannot be judged
+    other_namespace = f"{REPOSITORY}/{RECIPE}:{pid}-{token}-1-{host}"
+    # the same image under a user's repository, in the shape of a dead build's tag: not ours to remove
+    users = f"mine/{RECIPE}:{killed.rpartition(':')[2]}"
+    made = [live, killed, elsewhere, foreign, other_namespace, users]
     try:
         for tag in made:
             docker("tag", image, tag)
         assert remove_dead_builds_tags(docker_engine, RECIPE) == [killed]
-        assert {tag for tag in staging_tags() if f"/{RECIPE}:" in tag} == {live, elsewhere, foreign}
+        assert {tag for tag in staging_tags() if f"/{RECIPE}:" in tag} == {live, elsewhere, foreign, other_namespace}
+        assert docker("image", "inspect", users, check=False).returncode == 0
     finally:
         docker("image", "rm", *made, check=False)
