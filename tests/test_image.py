@@ -165,15 +165,36 @@ def test_an_altered_hash_in_the_lock_fails_the_build_at_once_naming_the_package(
 
 
 def test_verify_names_a_package_that_differs_from_the_lock(image: str, tmp_path: Path) -> None:
+    # a Debian package the lock does not list, as dpkg records one (no archive needed to plant it)
+    planted = (
+        "\\nPackage: planted\\nStatus: install ok installed\\nPriority: optional\\nSection: misc\\n"
+        "Maintainer: nobody <nobody@invalid>\\nArchitecture: all\\nVersion: 1.0\\nDescription: planted\\n"
+    )
     tampered = derived_image(
-        tmp_path, "verlbox-test/tampered-verify:ci", f"FROM {image}\nRUN pip uninstall -y codetiming\n"
+        tmp_path,
+        "verlbox-test/tampered-verify:ci",
+        f"FROM {image}\nRUN pip uninstall -y codetiming && printf '{planted}' >> /var/lib/dpkg/status\n",
     )
     try:
         result = run_verlbox("verify", tampered)
         assert result.returncode == 1
         assert "python codetiming: lock 1.4.0, image absent" in result.stdout
+        assert "debian planted: image 1.0, not in the lock" in result.stdout
     finally:
         docker("image", "rm", tampered, check=False)
+
+
+def test_an_image_of_another_recipe_is_named_as_such(image: str) -> None:
+    as_p40 = run_verlbox("verify", image, "--recipe", "p40")
+    assert as_p40.returncode == 1
+    assert as_p40.stdout.strip() == (
+        f"{image} was built from recipe p40-cu124, not p40: name that recipe (or --recipe p40-cu124)"
+    )
+    locked = run_verlbox("lock", "p40", "--image", image)
+    assert locked.returncode == 2 and locked.stderr.strip().splitlines() == [
+        f"verlbox: error: {image} was built from p40-cu124, not recipe p40: lock it as that recipe"
+    ]
+    assert not (REPO / "recipes" / "p40.lock.json").exists()
 
 
 def test_the_final_image_has_apex_but_no_cuda_toolchain(image: str) -> None:

@@ -8,12 +8,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from conftest import run_verlbox
+from verlbox import paths
 from verlbox.errors import UsageError
-from verlbox.host.lock import Lock, read_lock
+from verlbox.host.lock import Lock, lock_target, read_lock
 from verlbox.host.plan import BuildPlan
 from verlbox.host.recipe import load_recipe
 from verlbox.runtime.build_record import apt_record, pip_record, requirement_lines
@@ -154,3 +156,19 @@ def test_a_lock_made_for_another_version_of_the_recipe_is_refused(tmp_path: Path
     (tmp_path / "mine.lock.json").write_text(stale.model_dump_json())
     result = run_verlbox("render", str(recipe))
     assert result.returncode == 2 and "made for another version of recipe mine" in result.stderr
+
+
+def test_lock_never_writes_into_the_installed_verlbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wheel install's shipped recipes live in site-packages: a lock written there would be pip's file, and
+    `verify` of the same image would then read it (it failed after `lock p40` from a wheel install)."""
+    installed = tmp_path / "site-packages" / "verlbox"
+    (installed / "shipped" / "recipes").mkdir(parents=True)
+    monkeypatch.setattr(paths, "PACKAGE_DIR", installed)
+    recipe = SimpleNamespace(name="p40-cu124", lock_path=installed / "shipped" / "recipes" / "p40-cu124.lock.json")
+    with pytest.raises(UsageError, match=r"p40-cu124\.lock\.json is inside the installed verlbox: copy the recipe"):
+        lock_target(recipe, None)
+    with pytest.raises(UsageError, match="is inside the installed verlbox"):
+        lock_target(recipe, installed / "elsewhere.lock.json")
+    assert lock_target(recipe, tmp_path / "mine.lock.json") == tmp_path / "mine.lock.json"
+    mine = SimpleNamespace(name="mine", lock_path=tmp_path / "mine.lock.json")
+    assert lock_target(mine, None) == tmp_path / "mine.lock.json"

@@ -181,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("lock", "smoke"):
         sub[name].add_argument("recipe", help=RECIPE_HELP)
         sub[name].add_argument("--image", help="default: verlbox/NAME:VERSION")
+    sub["lock"].add_argument("--out", help="write the lock here (default: beside a recipe file of yours)")
     sub["smoke"].add_argument("--gpu", action="store_true", help="also run the GPU tier (docker run --gpus all)")
     sub["smoke"].add_argument("--json", help="also write the results as JSON to FILE, or to stdout with -")
 

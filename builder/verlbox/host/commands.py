@@ -204,16 +204,15 @@ def image_for(args: argparse.Namespace) -> str:
 
 
 def lock(args: argparse.Namespace) -> int:
-    from verlbox.host.lock import lock_from_image, write_lock
+    from verlbox.host.lock import lock_from_image, lock_target, write_lock
 
     recipe = load_recipe(args.recipe)
-    if recipe.lock_path is None:
-        raise UsageError(f"recipe {recipe.name} was not read from a file, so it has no place for a lock")
+    target = lock_target(recipe, Path(args.out) if args.out else None)
     dockerfile = render_dockerfile(BuildPlan(recipe))
     lock = lock_from_image(recipe.name, recipe.content_hash, dockerfile, image_for(args))
-    write_lock(recipe.lock_path, lock)
+    write_lock(target, lock)
     counts = {kind: len(lock.packages(kind)) for kind in ("pip", "apt")}
-    err.print(f"wrote {recipe.lock_path} ({counts['pip']} Python files, {counts['apt']} Debian packages, hashed)")
+    err.print(f"wrote {target} ({counts['pip']} Python files, {counts['apt']} Debian packages, hashed)")
     return 0
 
 
@@ -275,13 +274,16 @@ def smoke(args: argparse.Namespace) -> int:
 def _lock_check(args: argparse.Namespace, image: str) -> CheckResult:
     """Smoke's host-side row: the image against its recipe's lock (`verlbox verify`)."""
     from verlbox.host.lock import image_labels
-    from verlbox.host.verify import differences
+    from verlbox.host.verify import differences, other_recipe
     from verlbox.runtime.smoke import CheckResult
 
     recipe = load_recipe(args.recipe)
+    labels = image_labels(image)
+    if mismatch := other_recipe(recipe.name, image, labels):  # the in-image checks would pass on its own spec
+        return CheckResult("host", "image of this recipe", "failed", mismatch)
     if recipe.lock_path is None or not recipe.lock_path.is_file():
         return CheckResult("host", "matches its lock", "skipped", f"recipe {recipe.name} has no lock yet")
-    found = differences(recipe, image, image_labels(image))
+    found = differences(recipe, image, labels)
     if found:
         return CheckResult("host", "matches its lock", "failed", "; ".join(found[:10]))
     return CheckResult("host", "matches its lock", "passed", f"verlbox verify: {recipe.lock_path.name} matches")

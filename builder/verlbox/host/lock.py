@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt, ValidationError, field_validator
 
+from verlbox import paths
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
 from verlbox.host.engine import docker_output
@@ -212,6 +213,9 @@ def base_identity(reference: str) -> dict[str, Any]:
 
 def lock_from_image(recipe_name: str, recipe_hash: str, dockerfile: str, image: str) -> Lock:
     labels = image_labels(image)
+    if labels.get("io.verlbox.recipe") != recipe_name:
+        built_from = labels.get("io.verlbox.recipe") or "no verlbox recipe"
+        raise UsageError(f"{image} was built from {built_from}, not recipe {recipe_name}: lock it as that recipe")
     base = labels.get("io.verlbox.base")
     if not base:
         raise VerlboxError(f"{image} carries no io.verlbox.base label: build it with this verlbox first")
@@ -223,6 +227,20 @@ def lock_from_image(recipe_name: str, recipe_hash: str, dockerfile: str, image: 
         steps=steps,
         source_date_epoch=image_created(image),
     )
+
+
+def lock_target(recipe: Any, out: Path | None) -> Path:
+    """Where `verlbox lock` writes: OUT, else beside the recipe file, but never into verlbox's own installed
+    files (a shipped recipe of a wheel install lives in site-packages, which pip owns and `verify` reads)."""
+    target = out or recipe.lock_path
+    if target is None:
+        raise UsageError(f"recipe {recipe.name} was not read from a file, so it has no place for a lock: pass --out")
+    if target.resolve().is_relative_to(paths.PACKAGE_DIR):
+        raise UsageError(
+            f"{target} is inside the installed verlbox: copy the recipe into a folder of yours "
+            f"(a file with `extends: {recipe.name}`) and lock that, or pass --out FILE"
+        )
+    return target
 
 
 def write_lock(path: Path, lock: Lock) -> None:

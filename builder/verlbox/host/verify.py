@@ -2,8 +2,10 @@
 
 Compared: the recipe hash, patch set hash and lock hash the image's labels carry; every Python
 distribution and version installed (pip's own view inside the image) against the lock; every locked
-Debian package's installed version; the base's identity (registry digest, or for a local base its
-package list); Apex's recorded source commit against the recipe.
+Debian package's installed version, and any Debian package the lock does not list (over a
+bootstrapped base, whose packages it lists); the recipe the image was built from; the base's identity
+(registry digest, or for a local base its package list); Apex's recorded source commit against the
+recipe.
 """
 
 from __future__ import annotations
@@ -55,7 +57,19 @@ def _compare(kind: str, locked: dict[str, str], installed: dict[str, str]) -> li
     return found
 
 
+def other_recipe(recipe: str, image: str, labels: dict[str, str]) -> str | None:
+    """Why IMAGE is not an image of RECIPE (its labels name another recipe, or none), else None."""
+    built_from = labels.get("io.verlbox.recipe")
+    if built_from == recipe:
+        return None
+    if not built_from:
+        return f"{image} is not a verlbox image (no io.verlbox.recipe label), so not one of recipe {recipe}"
+    return f"{image} was built from recipe {built_from}, not {recipe}: name that recipe (or --recipe {built_from})"
+
+
 def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> list[str]:
+    if mismatch := other_recipe(recipe.name, image, labels):  # every other line would only follow from it
+        return [mismatch]
     if recipe.lock_path is None or not recipe.lock_path.is_file():
         raise UsageError(f"recipe {recipe.name} has no lock ({recipe.lock_path}): run `verlbox lock` first")
     lock: Lock = read_lock(recipe.lock_path)
@@ -80,6 +94,10 @@ def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> list[
     found += [f"python {name}: image {pip_installed[name]}, not in the lock" for name in unlocked]
     apt_installed = dict(line.split("=", 1) for line in inside["apt"])
     found += _compare("debian", lock.packages("apt"), apt_installed)
+    if lock.base.packages is not None:  # a registry base's own packages are not listed: nothing to hold them to
+        known = {pin.partition("=")[0] for pin in lock.base.packages} | set(lock.packages("apt"))
+        unlisted = sorted(set(apt_installed) - known)
+        found += [f"debian {name}: image {apt_installed[name]}, not in the lock" for name in unlisted]
     apex = getattr(recipe, "apex", None)
     if apex and inside["apex"] != apex.commit:
         found.append(f"apex: image built from {inside['apex'] or 'an unrecorded source'}, recipe pins {apex.commit}")
