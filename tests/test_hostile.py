@@ -7,6 +7,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -463,3 +464,44 @@ def test_a_malformed_cluster_wait_is_named_before_waiting(value: str) -> None:
     environ = {"RAY_ADDRESS": "127.0.0.1:9", "VERLBOX_CLUSTER_WAIT_S": value}
     with pytest.raises(UsageError, match=rf"^VERLBOX_CLUSTER_WAIT_S={value}: expected a number of seconds >= 0$"):
         train.resolve_topology(None, 2, [], environ, Console(file=io.StringIO()))
+
+
+def test_a_mirror_token_reaches_neither_the_command_line_nor_the_base_nor_the_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--bootstrap-base with a mirror that needs credentials: debootstrap (run by verlbox on the host) gets
+    the bare URL and wget the credentials from $HOME/.netrc; debootstrap writes the URL it got into the
+    base's sources.list, so no layer of any image carries the token. The boundary faked: the commands."""
+    from rich.console import Console
+
+    from verlbox.host import bootstrap
+    from verlbox.host.recipe import Bootstrap
+
+    token = "s3cr3t-T0KEN"
+    seen: list[tuple[list[str], str]] = []
+
+    def run(step: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        netrc = Path(str(kwargs["env"]["HOME"])) / ".netrc"  # type: ignore[index]
+        seen.append((step, netrc.read_text() if netrc.exists() else ""))
+        if step[0] == "debootstrap":  # what debootstrap writes: the mirror it was given
+            (Path(step[3]) / "etc/apt").mkdir(parents=True)
+            (Path(step[3]) / "etc/apt/sources.list").write_text(f"deb {step[4]} bookworm main\n")
+            (tmp_path / "sources.list").write_text((Path(step[3]) / "etc/apt/sources.list").read_text())
+        return subprocess.CompletedProcess(step, 0, "", "")
+
+    monkeypatch.setattr(bootstrap.subprocess, "run", run)
+    monkeypatch.setattr(bootstrap, "image_exists", lambda engine, reference: False)
+    monkeypatch.setattr(bootstrap, "require_cli", lambda: "docker")
+    monkeypatch.setattr(bootstrap.shutil, "which", lambda name: "/usr/sbin/" + name)
+    monkeypatch.setattr(bootstrap.os, "geteuid", lambda: 0)
+    output = io.StringIO()
+    mirror = f"https://ci:{token}@mirror.invalid/debian"
+    bootstrap.ensure_bootstrapped_base(None, Bootstrap(suite="bookworm"), mirror, Console(file=output, width=400))
+    commands = " ".join(" ".join(step) for step, _ in seen)
+    assert token not in commands and "https://mirror.invalid/debian" in commands
+    assert all(netrc == f"machine mirror.invalid login ci password {token}\n" for _, netrc in seen)
+    assert token not in (tmp_path / "sources.list").read_text()
+    assert token not in output.getvalue() and "from https://mirror.invalid/debian" in output.getvalue()
+    with pytest.raises(UsageError) as refused:
+        bootstrap.choose_mirror(f"ftp://ci:{token}@mirror.invalid/debian?key={token}")
+    assert token not in str(refused.value)

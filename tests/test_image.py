@@ -415,3 +415,25 @@ def test_files_written_to_a_mounted_folder_belong_to_the_caller(image: str, tmp_
         "train.parquet",
         "validation.parquet",
     ]
+
+
+def test_an_apt_mirror_with_a_query_string_reaches_apt_sources_intact(image: str, tmp_path: Path) -> None:
+    """build-env.sh's apt steps point the image's sources at the build's mirror (a BuildKit secret) with sed:
+    a URL's & | or \\ must be taken literally, and the base's sources come back when the step ends."""
+    mirror = "https://ci:tok@mirror.invalid/debian?sig=a&b|c"
+    (tmp_path / "apt_mirror").write_text(mirror)
+    templates = REPO / "builder" / "verlbox" / "host" / "templates"
+    script = (
+        "mkdir -p /tmp/verlbox && cp /src/record.py /tmp/verlbox/ && . /src/build-env.sh"
+        " && before=$(cat /etc/apt/sources.list) && verlbox_apt_begin && cat /etc/apt/sources.list"
+        " && verlbox_apt_end STEP"
+        ' && [ "$(cat /etc/apt/sources.list)" = "$before" ] && echo restored'
+    )
+    shown = docker(
+        "run", "--rm", "--user", "0", "--entrypoint", "bash",
+        "-v", f"{templates / 'build-env.sh'}:/src/build-env.sh:ro",
+        "-v", f"{REPO / 'builder' / 'verlbox' / 'runtime' / 'build_record.py'}:/src/record.py:ro",
+        "-v", f"{tmp_path / 'apt_mirror'}:/run/secrets/apt_mirror:ro",
+        image, "-c", script,
+    ).stdout.split("\n")  # fmt: skip
+    assert shown[0].startswith(f"deb {mirror} ") and shown[-2:] == ["restored", ""], shown

@@ -14,12 +14,14 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from rich.console import Console
 
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.engine import image_exists, require_cli
 from verlbox.host.recipe import Bootstrap
+from verlbox.runtime.hub import redact
 
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 _ONE_LINE = re.compile(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(\S+)")
@@ -59,8 +61,28 @@ def choose_mirror(option: str | None, environ: Mapping[str, str] = os.environ) -
     if not mirror:
         raise UsageError("--bootstrap-base needs a Debian mirror: give --apt-mirror URL or set VERLBOX_APT_MIRROR")
     if not re.fullmatch(r"(https?|file)://\S+", mirror):
-        raise UsageError(f"--apt-mirror {mirror!r}: expected an http(s):// or file:// URL")
+        raise UsageError(f"--apt-mirror {redact(mirror)!r}: expected an http(s):// or file:// URL")
     return mirror
+
+
+def without_credentials(mirror: str, home: Path) -> str:
+    """MIRROR without its user:password@, which go into HOME/.netrc for debootstrap's wget instead: never
+    onto a command line (`ps` shows it) nor into the base's /etc/apt/sources.list (every image's layer)."""
+    parts = urlsplit(mirror)
+    if parts.username is None:
+        return mirror
+    netrc = home / ".netrc"
+    netrc.touch(mode=0o600)
+    netrc.write_text(
+        f"machine {parts.hostname} login {unquote(parts.username)} password {unquote(parts.password or '')}\n"
+    )
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def _scrubbed(text: str, mirror: str) -> str:
+    """TEXT with MIRROR's password removed, wherever a tool echoed it."""
+    password = urlsplit(mirror).password
+    return text.replace(password, "***") if password else text
 
 
 def bootstrapped_reference(bootstrap: Bootstrap) -> str:
@@ -80,19 +102,20 @@ def ensure_bootstrapped_base(engine: Any, bootstrap: Bootstrap, mirror: str, con
         console.status(f"debootstrap {bootstrap.suite} ({bootstrap.variant}) -> {reference}"),
     ):
         root, archive = Path(workdir) / "root", Path(workdir) / "root.tar"
+        bare = without_credentials(mirror, Path(workdir))
         steps = [
-            ["debootstrap", f"--variant={bootstrap.variant}", bootstrap.suite, str(root), mirror],
+            ["debootstrap", f"--variant={bootstrap.variant}", bootstrap.suite, str(root), bare],
             # apt's lists would be deleted by a later layer: a whiteout whose time differs per build
             ["find", str(root / "var/lib/apt/lists"), "-type", "f", "-delete"],
             # a file, not a pipe: if docker import dies, nothing is left writing into a pipe nobody reads
             ["tar", "-C", str(root), "-cf", str(archive), "."],
             [require_cli(), "import", str(archive), reference],
         ]
+        environment = os.environ | {"HOME": workdir}  # wget reads the credentials from $HOME/.netrc
         for step in steps:
-            result = subprocess.run(step, capture_output=True, text=True, check=False)
+            result = subprocess.run(step, capture_output=True, text=True, check=False, env=environment)
             if result.returncode != 0:
-                raise VerlboxError(
-                    f"{step[0]} failed while making {reference}: {(result.stdout + result.stderr).strip()[-2000:]}"
-                )
-    console.print(f"made base image {reference} with debootstrap from {mirror}")
+                said = (result.stdout + result.stderr).strip()[-2000:]
+                raise VerlboxError(f"{step[0]} failed while making {reference}: {_scrubbed(said, mirror)}")
+    console.print(f"made base image {reference} with debootstrap from {redact(mirror)}")
     return reference

@@ -102,8 +102,10 @@ verlbox_apt_begin() {
   verlbox_apt_trust_ca
   if [ -s /run/secrets/apt_mirror ]; then
     mkdir -p /tmp/verlbox-apt-sources && cp -a /etc/apt/sources.list /etc/apt/sources.list.d /tmp/verlbox-apt-sources/ 2>/dev/null || true
-    sed -i "s|^URIs: .*|URIs: $(cat /run/secrets/apt_mirror)|" /etc/apt/sources.list.d/*.sources 2>/dev/null || true
-    sed -i -E "s|^(deb(-src)? (\[[^]]*\] )?)[^ ]+|\1$(cat /run/secrets/apt_mirror)|" /etc/apt/sources.list 2>/dev/null || true
+    # the URL as sed's replacement text: its \ & and | (a query string's) taken literally
+    mirror="$(sed -e 's/[\\&|]/\\&/g' /run/secrets/apt_mirror)"
+    sed -i "s|^URIs: .*|URIs: $mirror|" /etc/apt/sources.list.d/*.sources 2>/dev/null || true
+    sed -i -E "s|^(deb(-src)? (\[[^]]*\] )?)[^ ]+|\1$mirror|" /etc/apt/sources.list 2>/dev/null || true
   fi
   dpkg-query -W -f '${Package}=${Version}\n' | sort >/tmp/verlbox-dpkg-before
 }
