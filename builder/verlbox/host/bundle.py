@@ -246,11 +246,15 @@ def check_debs(bundle: Path, manifest: Manifest, lock: Lock) -> None:
         locked = {f"{entry.name}={entry.version}" for entry in step.apt} if step.stage == "final" else set()
         have = found.pop(step.name, set())
         if extra := sorted(have - locked):
-            raise UsageError(f"{bundle}/debs/{step.name}: {', '.join(extra)} not in the lock's step {step.name}")
+            raise UsageError(f"{bundle}/debs/{step.name}: {_some(extra)} not in the lock's step {step.name}")
         if missing := sorted(locked - have):
-            raise UsageError(f"{bundle}/debs/{step.name}: no .deb for {', '.join(missing)} (the lock's)")
+            raise UsageError(f"{bundle}/debs/{step.name}: no .deb for {_some(missing)} (the lock's)")
     if found:
         raise UsageError(f"{bundle}/debs/{sorted(found)[0]}: a folder for a step the lock has no packages for")
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def check_base_archive(archive: Path, manifest: Manifest, lock: Lock) -> None:

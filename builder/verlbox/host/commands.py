@@ -169,13 +169,13 @@ def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) ->
     manifest = read_manifest(bundle)
     plan = BuildPlan(recipe, base_override=manifest.base.reference, offline=True)
     check_manifest(plan, bundle, manifest)  # a bundle for another recipe or lock is bad input, before the room
-    assert plan.lock is not None  # an offline plan has a lock
-    check_debs(bundle, manifest, plan.lock)
     if not args.skip_space_check:
         need = offline_build_need(bundle_bytes(bundle, manifest))
         require_free_space(client(), need, f"an offline build of {recipe.name}")
     with err.status(f"checking {bundle} against its manifest"):
         check_files(bundle, manifest)
+    assert plan.lock is not None  # an offline plan has a lock
+    check_debs(bundle, manifest, plan.lock)  # the manifest is only an index: the lock decides the packages
     load_base(bundle, manifest, plan.lock, err)
     return plan
 
