@@ -183,3 +183,12 @@ def build_output(docker_engine: object, staging_tags_before_build: set[str]) -> 
 @pytest.fixture(scope="session")
 def image(build_output: subprocess.CompletedProcess[str]) -> str:
     return IMAGE
+
+
+def pass_the_gpu_preflight(monkeypatch: pytest.MonkeyPatch, train_module: Any) -> None:
+    """`train` on a machine without a GPU, past its preflight as on one P40 (the GPU probe and checks faked)."""
+    from verlbox.runtime import preflight
+
+    p40 = preflight.GpuFacts([preflight.GpuDevice("Tesla P40", "6.1", 22.4, 22.2)], ["sm_61"], "12.4", "550.54.14")
+    monkeypatch.setattr(train_module, "local_gpu_facts", lambda cap: p40)
+    monkeypatch.setattr(train_module, "run_preflight", lambda *args: [preflight.Check("gpu", True, "a fake P40")])

@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from conftest import pass_the_gpu_preflight
 from verlbox.errors import PreflightFailed
 from verlbox.host.recipe import load_recipe
-from verlbox.runtime import checkpoints, preflight
+from verlbox.runtime import checkpoints
 from verlbox.runtime import train as train_module
 from verlbox.runtime.checkpoints import (
     ModelSize,
@@ -35,7 +36,9 @@ from verlbox.runtime.checkpoints import (
     scan,
     stale_folders,
 )
+from verlbox.runtime.patches import patch_set_for
 from verlbox.runtime.profile import Topology, TrainingPlan
+from verlbox.runtime.run_record import read_runs
 from verlbox.runtime.train import merge_overrides
 
 GIB = 2**30
@@ -408,9 +411,9 @@ def test_train_repairs_before_verl_starts_and_refuses_without_room(
     for name, value in {"VERLBOX_CHECKPOINT_DIR": str(root.parent), "VERLBOX_EXPERIMENT": root.name}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(train_module, "run_local_preflight", lambda *args: [preflight.Check("gpu", True, "a fake P40")])
+    pass_the_gpu_preflight(monkeypatch, train_module)
     started: list[list[str]] = []
-    monkeypatch.setattr(train_module.supervisor, "supervise", lambda command, *args, **kw: started.append(command))
+    monkeypatch.setattr(train_module.supervisor, "supervise", lambda command, *args, **kw: started.append(command) or 0)
     save_step(root, 25)
     tracker(root).write_text("")
     output = io.StringIO()
@@ -429,6 +432,11 @@ def test_train_repairs_before_verl_starts_and_refuses_without_room(
     fake_free(monkeypatch, 100 * GIB)
     train_module.train(spec, user, dry_run=False, gpu_memory_gib=None, console=console, gpus_per_node=1)
     assert started and "-m" in started[0] and tracker(root).read_text() == "25"
+    # only the start that reached verl is recorded, with what produced its checkpoints
+    [run] = read_runs(root)
+    assert (run.outcome, run.last_step, run.profile, run.recipe) == ("finished", 25, "p40", "p40-cu124")
+    assert [(gpu.name, gpu.capability) for gpu in run.gpus] == [("Tesla P40", "6.1")] and run.driver == "550.54.14"
+    assert run.overrides == started[0][3:] and run.patch_set_hash == patch_set_for("0.4.1").content_hash
 
 
 def test_a_dry_run_counts_the_space_its_removals_would_free(

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from conftest import pass_the_gpu_preflight
 from test_checkpoints import save_step, tracker
 from verlbox.errors import PreflightFailed, UsageError
 from verlbox.host.recipe import load_recipe
-from verlbox.runtime import checkpoints, hub, preflight
+from verlbox.runtime import checkpoints, hub
 from verlbox.runtime import train as train_module
 from verlbox.runtime.checkpoints import RUN_RECORD, ModelSize, check_resume
 from verlbox.runtime.profile import Topology, TrainingPlan
@@ -221,11 +222,11 @@ def test_train_refuses_before_verl_starts_and_changes_nothing(root: Path, monkey
     for name, value in {"VERLBOX_CHECKPOINT_DIR": str(root.parent), "VERLBOX_EXPERIMENT": root.name}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(train_module, "run_local_preflight", lambda *args: [preflight.Check("gpu", True, "a fake P40")])
+    pass_the_gpu_preflight(monkeypatch, train_module)
     # a tiny model's saves fit on any disk: the free-space check passes
     monkeypatch.setattr(checkpoints, "model_size", lambda folder: ModelSize(1000, 0, 0))
     started: list[list[str]] = []
-    monkeypatch.setattr(train_module.supervisor, "supervise", lambda command, *args, **kw: started.append(command))
+    monkeypatch.setattr(train_module.supervisor, "supervise", lambda command, *args, **kw: started.append(command) or 0)
     output = io.StringIO()
     console = Console(file=output, soft_wrap=True, width=10_000)
 

@@ -42,7 +42,7 @@ def test_a_command_that_fails_fast_halts_after_the_policy_s_failures(tmp_path: P
             dict(os.environ),
             policy,
             newest_step=lambda: None,
-            before_restart=lambda: prepared.append(1),
+            before_restart=lambda after, step: prepared.append(1),
             say=said.append,
         )
     assert runs(tmp_path) == 3
@@ -66,7 +66,7 @@ def test_a_command_that_fails_late_restarts_with_no_lifetime_budget(tmp_path: Pa
         dict(os.environ),
         policy,
         newest_step=lambda: runs(tmp_path) * 10 if (tmp_path / "runs").exists() else None,
-        before_restart=lambda: None,
+        before_restart=lambda after, step: None,
         say=said.append,
     )
     assert code == 0
@@ -82,7 +82,7 @@ def test_late_failures_that_never_save_halt_as_a_loop(tmp_path: Path) -> None:
             dict(os.environ),
             policy,
             newest_step=lambda: 25,
-            before_restart=lambda: None,
+            before_restart=lambda after, step: None,
             say=lambda _: None,
         )
     assert runs(tmp_path) == 3
@@ -129,7 +129,8 @@ from verlbox.runtime import supervisor
 policy = supervisor.RestartPolicy(failures=3, window_s=60, delay_s=0)
 child = [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"]
 code = supervisor.supervise(child, dict(os.environ), policy, newest_step=lambda: None,
-                            before_restart=lambda: None, say=lambda t: print(t, file=sys.stderr, flush=True))
+                            before_restart=lambda after, step: None,
+                            say=lambda t: print(t, file=sys.stderr, flush=True))
 sys.exit(code)
 """
 

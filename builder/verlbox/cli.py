@@ -56,6 +56,7 @@ HANDLERS = {
         "write a run folder (compose.yaml, .env, folders) for `docker compose up train`",
     ),
     "overrides": ("verlbox.host.commands", "overrides", "print the Hydra overrides a recipe's profile passes to verl"),
+    "runs": ("verlbox.host.commands", "runs", "list the runs a checkpoints folder records (run.json), one row each"),
     "train": ("verlbox.runtime.commands", "train", "(in the image) preflight, then verl PPO with the profile"),
     "smoke-checks": (
         "verlbox.runtime.commands",
@@ -193,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     shell.set_defaults(one_command=[])
     shell.epilog = "verlbox shell [RECIPE] -- CMD ARGS...  runs one command instead of bash"
+
+    sub["runs"].add_argument(
+        "folder", nargs="?", default="checkpoints", help="a checkpoints folder, or one run's (default: ./checkpoints)"
+    )
 
     train = sub["train"]
     train.add_argument("overrides", nargs="*", help="extra Hydra overrides (key=value); the profile's are checked too")

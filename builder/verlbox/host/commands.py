@@ -309,3 +309,36 @@ def overrides(args: argparse.Namespace) -> int:
     # checked against the installed verl's config, else (on a host) the copy verlbox ships
     out.print("\n".join(verified_overrides(plan, extra)), markup=False)
     return 0
+
+
+def runs(args: argparse.Namespace) -> int:
+    """Every start recorded in FOLDER/*/run.json (or FOLDER/run.json), oldest first, as one table."""
+    from rich.table import Table
+
+    from verlbox.runtime.run_record import RUN_FILE, read_runs
+
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        raise UsageError(f"{folder}: not a folder; give the checkpoints folder of a run folder")
+    experiments = [folder] if (folder / RUN_FILE).is_file() else sorted(p.parent for p in folder.glob(f"*/{RUN_FILE}"))
+    if not experiments:
+        out.print(f"no runs recorded under {folder} (a start of `train` writes EXPERIMENT/{RUN_FILE})", markup=False)
+        return 0
+    table = Table("experiment", "started", "ended", "outcome", "last step", "restarts", "profile", "GPUs", "model")
+    for experiment in experiments:
+        for run in read_runs(experiment):
+            gpus = f"{len(run.gpus)} x {run.gpus[0].name}" if run.gpus else "(cluster)"
+            model = f"{Path(run.model).name} {run.model_commit[:12] if run.model_commit else '(by hand)'}"
+            table.add_row(
+                experiment.name,
+                run.started,
+                run.ended or "-",
+                run.outcome or "running, or ended with its container",
+                "-" if run.last_step is None else str(run.last_step),
+                str(len(run.restarts)),
+                run.profile,
+                gpus,
+                model,
+            )
+    out.print(table)
+    return 0

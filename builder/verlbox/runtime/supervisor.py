@@ -128,7 +128,7 @@ def supervise(
     policy: RestartPolicy,
     *,
     newest_step: Callable[[], int | None],
-    before_restart: Callable[[], None],
+    before_restart: Callable[[str, int | None], None],
     say: Callable[[str], None],
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
@@ -162,7 +162,7 @@ def supervise(
             )
             if stop.wait(policy.delay_s):
                 return stop.exit_code
-            before_restart()
+            before_restart(describe_exit(code), saved)
 
 
 def holds(environ: Mapping[str, str]) -> bool:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from verlbox.errors import PreflightFailed, UsageError, VerlboxError
-from verlbox.runtime import checkpoints, cluster, environment, hub, preflight, supervisor
+from verlbox import __version__
+from verlbox.errors import PreflightFailed, RunHalted, UsageError, VerlboxError
+from verlbox.runtime import checkpoints, cluster, environment, hub, preflight, run_record, supervisor
 from verlbox.runtime.data import prepare_gsm8k
 from verlbox.runtime.memory_cap import SITECUSTOMIZE_DIR
 from verlbox.runtime.overrides import (
@@ -278,10 +279,11 @@ def train(
             return 0
         for warning in preflight.dead_variables(environ):
             console.print(f"note: {warning}")
+        facts = None if address else local_gpu_facts(gpu_memory_gib)
         checks = (
             run_cluster_preflight(plan, overrides, environ, gpu_memory_gib, console)
-            if address
-            else run_local_preflight(plan, overrides, environ, gpu_memory_gib, console)
+            if facts is None
+            else run_preflight(plan, overrides, environ, facts, console)
         )
     finally:
         if address:
@@ -295,15 +297,60 @@ def train(
     checkpoints.prepare(overrides, environ, say, dry_run=False)
     passed = f"preflight: {len(checks)} checks passed ({checks[0].detail})"
     console.print(f"{passed}; starting verl: {plan.profile.description}")
-    sys.stdout.flush()
-    return supervisor.supervise(
-        train_command(overrides),
-        train_environment(plan, environ, gpu_memory_gib),
-        policy,
-        newest_step=lambda: checkpoints.newest_step(overrides),
+    folder = checkpoints.Settings.from_overrides(overrides).local_folder
+    log = run_record.RunLog(folder, new_run(plan, overrides, environ, facts), say) if folder else None
+
+    def before_restart(after: str, from_step: int | None) -> None:
+        if log:
+            log.restarted(after, from_step)
         # a crash can cut a save short: the tracker is repaired and the room checked again before verl resumes
-        before_restart=lambda: checkpoints.prepare(overrides, environ, say, dry_run=False),
-        say=say,
+        checkpoints.prepare(overrides, environ, say, dry_run=False)
+
+    sys.stdout.flush()
+    outcome = "error in verlbox"
+    try:
+        code = supervisor.supervise(
+            train_command(overrides),
+            train_environment(plan, environ, gpu_memory_gib),
+            policy,
+            newest_step=lambda: checkpoints.newest_step(overrides),
+            before_restart=before_restart,
+            say=say,
+        )
+        outcome = "finished" if code == 0 else f"stopped ({supervisor.describe_exit(code)})"
+        return code
+    except RunHalted:
+        outcome = "halted (crash loop)"
+        raise
+    finally:
+        if log:
+            log.ended(outcome, checkpoints.newest_step(overrides))
+
+
+def new_run(
+    plan: TrainingPlan, overrides: list[str], environ: dict[str, str], facts: preflight.GpuFacts | None
+) -> run_record.Run:
+    """This start's provenance: the image's recipe and patch set, every override, the GPUs, model and data."""
+    model = Path(override_value(overrides, MODEL_KEY) or "")
+    try:
+        fetched = hub.read_record(model)
+    except VerlboxError:  # the preflight passed it: a folder filled by hand has no record to name
+        fetched = None
+    devices = facts.devices if facts else []
+    return run_record.Run(
+        started=run_record.now(),
+        recipe=plan.spec.name,
+        recipe_hash=plan.spec.recipe_hash,
+        patch_set_hash=patch_set_for(plan.spec.verl).content_hash,
+        verlbox=__version__,
+        image=environ.get("VERLBOX_IMAGE") or None,
+        profile=plan.profile.name,
+        overrides=overrides,
+        gpus=[run_record.Gpu(name=d.name, capability=d.compute_capability, memory_gib=d.total_gib) for d in devices],
+        driver=facts.driver_version if facts else None,
+        model=str(model),
+        model_commit=fetched.commit if fetched else None,
+        data=run_record.file_hashes(Path(v) for key in DATA_KEYS if (v := override_value(overrides, key))),
     )
 
 
@@ -317,10 +364,12 @@ def print_dry_run(
     print(" \\\n    ".join([f"{prefix} {shlex.join(command[:3])}".strip(), *map(shlex.quote, command[3:])]))
 
 
+def local_gpu_facts(gpu_memory_gib: float | None) -> preflight.GpuFacts:
+    facts = preflight.probe_gpu()
+    return dataclasses.replace(facts, memory_cap_gib=gpu_memory_gib) if gpu_memory_gib else facts
+
+
 def run_local_preflight(
     plan: TrainingPlan, overrides: list[str], environ: dict[str, str], gpu_memory_gib: float | None, console: Console
 ) -> list[preflight.Check]:
-    facts = preflight.probe_gpu()
-    if gpu_memory_gib:
-        facts = dataclasses.replace(facts, memory_cap_gib=gpu_memory_gib)
-    return run_preflight(plan, overrides, environ, facts, console)
+    return run_preflight(plan, overrides, environ, local_gpu_facts(gpu_memory_gib), console)
