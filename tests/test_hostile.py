@@ -409,7 +409,7 @@ def _saved_archive(
     )
     layer = io.BytesIO()
     with tarfile.open(fileobj=layer, mode="w") as inner:
-        add(inner, "var/lib/dpkg/status", status.encode())
+        add(inner, "./var/lib/dpkg/status", status.encode())  # as `tar -C root -cf - .` names it
     config = image_id.removeprefix("sha256:")
     entry = {"Config": f"blobs/sha256/{config}", "RepoTags": tags, "Layers": ["blobs/sha256/layer"]}
     index = {"manifests": [{"annotations": {"io.containerd.image.name": index_name}}]} if index_name else {}
@@ -438,6 +438,10 @@ def test_base_tar_is_read_before_it_is_loaded(tmp_path: Path) -> None:
 
     _saved_archive(archive, wanted, [BUNDLE_BASE], packages, index_name=f"docker.io/{BUNDLE_BASE}")
     check_base_archive(archive, manifest, plan.lock)  # the genuine layout passes
+    # a registry base: Docker writes an official image's full name into index.json
+    official = manifest.model_copy(update={"base": manifest.base.model_copy(update={"reference": "debian:bookworm"})})
+    _saved_archive(archive, wanted, ["debian:bookworm"], packages, index_name="docker.io/library/debian:bookworm")
+    check_base_archive(archive, official, plan.lock)
     assert "would tag debian:bookworm-slim" in refusal(tags=[BUNDLE_BASE, "debian:bookworm-slim"])
     assert "would tag mine:latest" in refusal(index_name="mine:latest")
     assert "holds 2 images" in refusal(images=2)
@@ -481,8 +485,9 @@ def test_a_mirror_token_reaches_neither_the_command_line_nor_the_base_nor_the_ou
     seen: list[tuple[list[str], str]] = []
 
     def run(step: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-        netrc = Path(str(kwargs["env"]["HOME"])) / ".netrc"  # type: ignore[index]
-        seen.append((step, netrc.read_text() if netrc.exists() else ""))
+        env = kwargs["env"]  # debootstrap's alone: the docker CLI keeps the user's HOME (its config, context)
+        netrc = Path(env["HOME"]) / ".netrc" if isinstance(env, dict) else None
+        seen.append((step, netrc.read_text() if netrc and netrc.exists() else "-"))
         if step[0] == "debootstrap":  # what debootstrap writes: the mirror it was given
             (Path(step[3]) / "etc/apt").mkdir(parents=True)
             (Path(step[3]) / "etc/apt/sources.list").write_text(f"deb {step[4]} bookworm main\n")
@@ -499,7 +504,10 @@ def test_a_mirror_token_reaches_neither_the_command_line_nor_the_base_nor_the_ou
     bootstrap.ensure_bootstrapped_base(None, Bootstrap(suite="bookworm"), mirror, Console(file=output, width=400))
     commands = " ".join(" ".join(step) for step, _ in seen)
     assert token not in commands and "https://mirror.invalid/debian" in commands
-    assert all(netrc == f"machine mirror.invalid login ci password {token}\n" for _, netrc in seen)
+    assert [netrc for step, netrc in seen if step[0] == "debootstrap"] == [
+        f"machine mirror.invalid login ci password {token}\n"
+    ]
+    assert {netrc for step, netrc in seen if step[0] != "debootstrap"} == {"-"}
     assert token not in (tmp_path / "sources.list").read_text()
     assert token not in output.getvalue() and "from https://mirror.invalid/debian" in output.getvalue()
     with pytest.raises(UsageError) as refused:

@@ -111,8 +111,9 @@ def ensure_bootstrapped_base(engine: Any, bootstrap: Bootstrap, mirror: str, con
             ["tar", "-C", str(root), "-cf", str(archive), "."],
             [require_cli(), "import", str(archive), reference],
         ]
-        environment = os.environ | {"HOME": workdir}  # wget reads the credentials from $HOME/.netrc
         for step in steps:
+            # debootstrap's wget reads the credentials from $HOME/.netrc; the docker CLI keeps the user's own HOME
+            environment = os.environ | {"HOME": workdir} if step[0] == "debootstrap" else None
             result = subprocess.run(step, capture_output=True, text=True, check=False, env=environment)
             if result.returncode != 0:
                 said = (result.stdout + result.stderr).strip()[-2000:]

@@ -34,6 +34,7 @@ from verlbox.host.build import run_buildx
 from verlbox.host.engine import docker_output, require_cli
 from verlbox.host.lock import Lock
 from verlbox.host.plan import BuildPlan
+from verlbox.host.reference import parse_reference
 from verlbox.host.schema import Digest, ImageReference, Sha256, Slug, Strict, describe_error
 from verlbox.host.sources import BuildSources
 from verlbox.runtime.apex_build import file_sha256
@@ -275,7 +276,7 @@ def check_base_archive(archive: Path, manifest: Manifest, lock: Lock) -> None:
             config = images[0]["Config"]
             if f"sha256:{PurePosixPath(config).name.removesuffix('.json')}" != wanted:
                 raise UsageError(f"{archive}: its image is {config}, not the bundle's base {wanted}")
-            if foreign := sorted({n for n in names if n not in (reference, f"docker.io/{reference}")}):
+            if foreign := sorted({n for n in names if _full_name(n) != _full_name(reference)}):
                 raise UsageError(f"{archive}: would tag {', '.join(foreign)}; only {reference} is the base's name")
             if lock.base.packages is not None:
                 have = _dpkg_packages(tar, images[0]["Layers"])
@@ -283,6 +284,16 @@ def check_base_archive(archive: Path, manifest: Manifest, lock: Lock) -> None:
                     raise UsageError(f"{archive}: its packages differ from the lock's base, e.g. {diff[0]}")
     except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{archive}: not a `docker save` archive ({exc})") from None
+
+
+def _full_name(reference: str) -> str:
+    """A reference as Docker spells it in full (docker.io/library/debian:latest for debian)."""
+    parsed = parse_reference(reference)
+    name = parsed.repository if "/" in parsed.repository else f"library/{parsed.repository}"
+    first = name.split("/", 1)[0]
+    if not ("." in first or ":" in first or first == "localhost"):
+        name = f"docker.io/{name}"
+    return f"{name}:{parsed.tag or 'latest'}" + (f"@{parsed.digest}" if parsed.digest else "")
 
 
 def _member(tar: tarfile.TarFile, name: str) -> IO[bytes]:
@@ -304,8 +315,10 @@ def _dpkg_packages(tar: tarfile.TarFile, layers: list[str]) -> set[str]:
     status = None
     for layer in layers:
         with tarfile.open(fileobj=_member(tar, layer)) as inner:
-            if (member := _optional_member(inner, "var/lib/dpkg/status")) is not None:
-                status = member.read().decode()
+            # `docker import` keeps the archive's own names: `tar -C root -cf - .` writes ./var/lib/...
+            for member in inner.getmembers():
+                if member.isfile() and member.name.removeprefix("./") == "var/lib/dpkg/status":
+                    status = _member(inner, member.name).read().decode()
     if status is None:
         raise ValueError("no var/lib/dpkg/status in its layers")
     packages = set()

@@ -208,7 +208,7 @@ def lock(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe)
     target = lock_target(recipe, Path(args.out) if args.out else None)
-    dockerfile = render_dockerfile(BuildPlan(recipe))
+    dockerfile = render_dockerfile(BuildPlan(recipe, use_lock=False))
     lock = lock_from_image(recipe.name, recipe.content_hash, dockerfile, image_for(args))
     write_lock(target, lock)
     counts = {kind: len(lock.packages(kind)) for kind in ("pip", "apt")}

@@ -49,6 +49,8 @@ class BuildPlan:
     verlbox_version: str = __version__
     # built from a bundle: no step has a network, compiled parts come prebuilt from the bundle
     offline: bool = False
+    # False for `verlbox lock`: it replaces the lock, so a stale or faulty one must not stand in its way
+    use_lock: bool = True
 
     def __post_init__(self) -> None:
         if self.offline and not self.lock:
@@ -90,7 +92,7 @@ class BuildPlan:
     def lock(self) -> Lock | None:
         """The recipe's lock; one made for another version of the recipe is refused, never half-applied."""
         path = self.recipe.lock_path
-        if not path or not path.is_file():
+        if not self.use_lock or not path or not path.is_file():
             return None
         lock = read_lock(path)
         if lock.recipe_hash != self.recipe.content_hash:

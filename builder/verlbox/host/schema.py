@@ -74,7 +74,8 @@ def _https_url(value: str) -> str:
 
 
 _DEBIAN_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+")
-_DISTRIBUTION_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\.(whl|tar\.gz|zip)")
+# as pip records it: a file found on an index keeps its URL quoting (torch-2.6.0%2Bcu118-...whl)
+_DISTRIBUTION_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+%-]*\.(whl|tar\.gz|zip)")
 
 
 def _distribution_name(value: str) -> str:

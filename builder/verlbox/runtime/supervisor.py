@@ -113,6 +113,13 @@ class StopRequest:
             with contextlib.suppress(ProcessLookupError, PermissionError):  # the group has ended already
                 os.killpg(self.child.pid, forward)
 
+    def started(self, child: subprocess.Popen[bytes]) -> None:
+        """CHILD is the one to stop; a signal that came while it was being started is passed on now."""
+        self.child = child
+        if self.signal is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, self.signal)
+
     def wait(self, seconds: float) -> bool:
         """Sleep up to SECONDS; True when a stop signal came."""
         return self._event.wait(seconds)
@@ -136,11 +143,14 @@ def supervise(
     attempts: list[Attempt] = []
     with StopRequest() as stop:
         while True:
+            if stop.signal is not None:  # asked to stop while the last attempt was being cleaned up after
+                return stop.exit_code
             started_from = newest_step()
             started = clock()
             # its own process group: a stop reaches verl and what it started, not only the driver
-            stop.child = subprocess.Popen(list(command), env=dict(env), start_new_session=True)
-            code = stop.child.wait()
+            child = subprocess.Popen(list(command), env=dict(env), start_new_session=True)
+            stop.started(child)
+            code = child.wait()
             if code == 0:
                 return 0
             if stop.signal is not None:

@@ -324,7 +324,10 @@ def train(
         raise
     finally:
         if log:
-            log.ended(outcome, checkpoints.newest_step(overrides))
+            try:
+                log.ended(outcome, checkpoints.newest_step(overrides))
+            except (VerlboxError, OSError) as exc:  # a full disk must not hide how the run ended
+                say(f"run record: could not note the end ({exc})")
 
 
 def new_run(
