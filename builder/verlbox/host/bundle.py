@@ -34,8 +34,8 @@ from verlbox.host.build import run_buildx
 from verlbox.host.engine import docker_output, require_cli
 from verlbox.host.lock import Lock
 from verlbox.host.plan import BuildPlan
-from verlbox.host.reference import parse_reference
-from verlbox.host.schema import Digest, ImageReference, Sha256, Slug, Strict, describe_error
+from verlbox.host.reference import full_name
+from verlbox.host.schema import Digest, ImageReference, Sha256, Slug, Strict, fault_lines
 from verlbox.host.sources import BuildSources
 from verlbox.runtime.apex_build import file_sha256
 
@@ -160,8 +160,7 @@ def read_manifest(bundle: Path) -> Manifest:
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
-        faults = [f"{path}: {'.'.join(map(str, e['loc']))}: {describe_error(e)}" for e in exc.errors()]
-        raise UsageError("\n".join(faults)) from None
+        raise UsageError("\n".join(f"{path}: {line}" for line in fault_lines(exc))) from None
 
 
 def bundle_bytes(bundle: Path, manifest: Manifest) -> int:
@@ -276,7 +275,7 @@ def check_base_archive(archive: Path, manifest: Manifest, lock: Lock) -> None:
             config = images[0]["Config"]
             if f"sha256:{PurePosixPath(config).name.removesuffix('.json')}" != wanted:
                 raise UsageError(f"{archive}: its image is {config}, not the bundle's base {wanted}")
-            if foreign := sorted({n for n in names if _full_name(n) != _full_name(reference)}):
+            if foreign := sorted({n for n in names if full_name(n) != full_name(reference)}):
                 raise UsageError(f"{archive}: would tag {', '.join(foreign)}; only {reference} is the base's name")
             if lock.base.packages is not None:
                 have = _dpkg_packages(tar, images[0]["Layers"])
@@ -284,16 +283,6 @@ def check_base_archive(archive: Path, manifest: Manifest, lock: Lock) -> None:
                     raise UsageError(f"{archive}: its packages differ from the lock's base, e.g. {diff[0]}")
     except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{archive}: not a `docker save` archive ({exc})") from None
-
-
-def _full_name(reference: str) -> str:
-    """A reference as Docker spells it in full (docker.io/library/debian:latest for debian)."""
-    parsed = parse_reference(reference)
-    name = parsed.repository if "/" in parsed.repository else f"library/{parsed.repository}"
-    first = name.split("/", 1)[0]
-    if not ("." in first or ":" in first or first == "localhost"):
-        name = f"docker.io/{name}"
-    return f"{name}:{parsed.tag or 'latest'}" + (f"@{parsed.digest}" if parsed.digest else "")
 
 
 def _member(tar: tarfile.TarFile, name: str) -> IO[bytes]:

@@ -80,15 +80,16 @@ def clamped_layer(source: IO[bytes], epoch: int) -> Iterator[bytes]:
             yield header + source.read()
             return
         size = _number(header[_SIZE_FIELD])
-        if header[156:157] not in (b"x", b"g") and pax_size is not None:
+        kind = header[156:157]
+        if kind not in (b"x", b"g") and pax_size is not None:
             size, pax_size = pax_size, None
         data_size = -(-size // BLOCK) * BLOCK
         if _number(header[_TIME_FIELD]) > epoch:
             header = _with_time(header, epoch)
         yield header
-        if header[156:157] in (b"x", b"g"):
+        if kind in (b"x", b"g"):
             records = _read(source, data_size)
-            if header[156:157] == b"x":
+            if kind == b"x":
                 pax_size = _pax_size(records)
             yield _clamped_pax(records, epoch)
             continue

@@ -37,7 +37,7 @@ from verlbox.host.schema import (
     Slug,
     Strict,
     Text,
-    describe_error,
+    fault_lines,
 )
 from verlbox.runtime.build_record import requirement_lines
 
@@ -144,13 +144,7 @@ def read_lock(path: Path) -> Lock:
     try:
         return Lock.model_validate(data)
     except ValidationError as exc:
-        raise UsageError("\n".join(_fault(path, error) for error in exc.errors())) from None
-
-
-def _fault(path: Path, error: Any) -> str:
-    """One line per fault: the file, the key (steps.3.apt.0.version) and what it should hold."""
-    key = ".".join(str(part) for part in error["loc"]) or "(the file)"
-    return f"{path}: {key}: {describe_error(error)}"
+        raise UsageError("\n".join(f"{path}: {line}" for line in fault_lines(exc))) from None
 
 
 def image_records(image: str) -> Records:
@@ -172,7 +166,7 @@ def steps_in_build_order(dockerfile: str, records: Records) -> list[LockStep]:
         try:
             steps.append(LockStep(name=name, stage=order[name], **kinds))
         except ValidationError as exc:
-            faults = "; ".join(f"{'.'.join(map(str, e['loc']))}: {describe_error(e)}" for e in exc.errors()[:3])
+            faults = "; ".join(fault_lines(exc)[:3])
             raise VerlboxError(f"the image's record of step {name} cannot be locked: {faults}") from None
     return sorted(steps, key=lambda step: list(order).index(step.name))
 

@@ -69,3 +69,13 @@ def parse_tag(text: str) -> ImageReference:
     if reference.digest:
         raise UsageError(f"--tag {text!r}: a tag cannot carry a digest")
     return ImageReference(reference.repository, reference.tag or "latest", None)
+
+
+def full_name(reference: str) -> str:
+    """A reference as Docker spells it in full (docker.io/library/debian:latest for debian)."""
+    parsed = parse_reference(reference)
+    name = parsed.repository if "/" in parsed.repository else f"library/{parsed.repository}"
+    first = name.split("/", 1)[0]
+    if not ("." in first or ":" in first or first == "localhost"):
+        name = f"docker.io/{name}"
+    return f"{name}:{parsed.tag or 'latest'}" + (f"@{parsed.digest}" if parsed.digest else "")

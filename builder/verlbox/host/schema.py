@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 from packaging.version import InvalidVersion, Version
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -113,6 +113,11 @@ def _image_reference(value: str) -> str:
 
     parse_reference(value)
     return value
+
+
+def fault_lines(exc: ValidationError) -> list[str]:
+    """One `KEY: what it should hold` per fault (KEY dotted, as in steps.3.apt.0.version)."""
+    return [f"{'.'.join(map(str, e['loc'])) or '(the file)'}: {describe_error(e)}" for e in exc.errors()]
 
 
 def describe_error(error: Mapping[str, Any]) -> str:

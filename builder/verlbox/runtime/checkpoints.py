@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from verlbox.errors import PreflightFailed, VerlboxError
+from verlbox.errors import PreflightFailed
 from verlbox.files import write_atomically
 from verlbox.runtime import hub
 from verlbox.runtime.overrides import OverrideError, override_int, override_value
@@ -434,18 +434,10 @@ def run_record(overrides: list[str], profile: str) -> dict[str, str | None]:
     world_size = override_int(overrides, "trainer.n_gpus_per_node", 1) * override_int(overrides, "trainer.nnodes", 1)
     record |= {WORLD_SIZE: str(world_size), "profile": profile}
     for path_key, commit_key in MODEL_COMMITS.items():
-        fetched = _fetch_record(Path(record[path_key] or ""))
+        fetched = hub.recorded(Path(record[path_key] or ""))
         if fetched is not None:
             record[commit_key] = fetched.commit
     return record
-
-
-def _fetch_record(model: Path) -> hub.Record | None:
-    # a broken fetch record is the model preflight's news; here it only means no commit to compare
-    try:
-        return hub.read_record(model)
-    except (VerlboxError, OSError):
-        return None
 
 
 def resumed_step(settings: Settings, folder: Path) -> StepFolder | None:

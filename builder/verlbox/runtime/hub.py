@@ -168,6 +168,14 @@ def read_record(folder: Path) -> Record | None:
     return record
 
 
+def recorded(folder: Path) -> Record | None:
+    """FOLDER's fetch record, or None when it has none or an unreadable one (the preflight names that)."""
+    try:
+        return read_record(folder)
+    except (VerlboxError, OSError):
+        return None
+
+
 def unsafe_name(name: str, folder: Path) -> str | None:
     """Why NAME (from the hub's listing or a record) is not a plain file of FOLDER; None when it is.
 

@@ -63,18 +63,21 @@ def profile_names() -> list[str]:
     return sorted(entry.name.removesuffix(".yaml") for entry in PROFILES.iterdir() if entry.name.endswith(".yaml"))
 
 
-def load_profile(name: str) -> Profile:
+def known_profile(name: str) -> str:
     names = profile_names()
     if name not in names:  # looked up among the files, never joined into a path
         raise UsageError(f"no training profile named {name!r}: verlbox has {', '.join(names)}")
-    return Profile.model_validate(yaml.safe_load((PROFILES / f"{name}.yaml").read_text()))
+    return name
+
+
+def load_profile(name: str) -> Profile:
+    return Profile.model_validate(yaml.safe_load((PROFILES / f"{known_profile(name)}.yaml").read_text()))
 
 
 def chosen_profile(flag: str | None, environ: Mapping[str, str], spec: ImageSpec) -> str:
     """The flag's profile, else VERLBOX_PROFILE's, else the recipe's own (PPO for the shipped recipes)."""
-    name = flag or environ.get(PROFILE_VARIABLE) or spec.profile
-    load_profile(name)  # an unknown name is refused before anything else is checked
-    return name
+    # an unknown name is refused before anything else is checked
+    return known_profile(flag or environ.get(PROFILE_VARIABLE) or spec.profile)
 
 
 class TrainingPlan:

@@ -9,7 +9,6 @@ reads these files back as a table.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from verlbox.errors import UsageError
 from verlbox.files import write_atomically
+from verlbox.runtime.apex_build import file_sha256
 
 RUN_FILE = "run.json"
 RUN_FORMAT = 1
@@ -70,7 +70,7 @@ def now() -> str:
 
 
 def file_hashes(paths: Iterable[Path]) -> dict[str, str]:
-    return {str(path): hashlib.sha256(path.read_bytes()).hexdigest() for path in paths if path.is_file()}
+    return {str(path): file_sha256(path) for path in paths if path.is_file()}
 
 
 def read_runs(folder: Path) -> list[Run]:

@@ -335,10 +335,7 @@ def new_run(
 ) -> run_record.Run:
     """This start's provenance: the image's recipe and patch set, every override, the GPUs, model and data."""
     model = Path(override_value(overrides, MODEL_KEY) or "")
-    try:
-        fetched = hub.read_record(model)
-    except VerlboxError:  # the preflight passed it: a folder filled by hand has no record to name
-        fetched = None
+    fetched = hub.recorded(model)  # None for a folder filled by hand
     devices = facts.devices if facts else []
     return run_record.Run(
         started=run_record.now(),
