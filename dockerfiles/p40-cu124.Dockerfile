@@ -72,6 +72,7 @@ RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/buil
        pylatexenc==2.10 \
        'ray[default]==2.47.1' \
        setuptools==80.9.0 \
+       tensorboard==2.20.0 \
        tensordict==0.6.2 \
        torchdata==0.11.0 \
        transformers==4.51.3 \
@@ -100,11 +101,11 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       org.opencontainers.image.description="P40 with a driver >= 550, PyPI and Debian only (torch cu124 wheels carry sm_60 code), Apex built from source" \
       io.verlbox.version="0.1.0" \
       io.verlbox.recipe="p40-cu124" \
-      io.verlbox.recipe.hash="99919f7cc6163982ae2a6608b6073d682b649e81f9ef7aad49570de8ebb709ae" \
+      io.verlbox.recipe.hash="504d07ee9a78e364d0a608b1c1ed93fa42ccaf7beee142eda61a3c7a01f1131d" \
       io.verlbox.base="debian:bookworm-slim" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="7b16e3d629c54a652cab65f2559f453f7ac50d5a2a0eab66974179b1dd4d7b1e" \
-      io.verlbox.lock.hash="ecf88bc5efb58973d720641ae8199a0759472d46afdf371d9ae4045ec60e0219" \
+      io.verlbox.lock.hash="9b6ffa7fdac29f3937a7baebc9201f5b3ce920cf8972bb85d272d0c6000941d2" \
       io.verlbox.pin.cuda="12.4" \
       io.verlbox.pin.python="3.11" \
       io.verlbox.pin.torch="2.6.0" \
@@ -126,6 +127,7 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       io.verlbox.pin.torchdata="0.11.0" \
       io.verlbox.pin.tensordict="0.6.2" \
       io.verlbox.pin.transformers="4.51.3" \
+      io.verlbox.pin.tensorboard="2.20.0" \
       io.verlbox.pin.wandb="0.20.1" \
       io.verlbox.pin.setuptools="80.9.0" \
       io.verlbox.pin.apex="e13873debc4699d39c6861074b9a3b2a02327f92" \

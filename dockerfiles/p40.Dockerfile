@@ -66,6 +66,7 @@ RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/buil
        pylatexenc==2.10 \
        'ray[default]==2.47.1' \
        setuptools==80.9.0 \
+       tensorboard==2.20.0 \
        tensordict==0.6.2 \
        torchdata==0.11.0 \
        transformers==4.51.3 \
@@ -94,7 +95,7 @@ LABEL org.opencontainers.image.title="verlbox p40" \
       org.opencontainers.image.description="Tesla P40 on CUDA 11.8 + cuDNN 8.9.7, torch cu118, Apex, vLLM cu118 (the full stack)" \
       io.verlbox.version="0.1.0" \
       io.verlbox.recipe="p40" \
-      io.verlbox.recipe.hash="77a1d2b00d5ac3266d81264ea78a450faec629307d945f5e8613167d1f0a1e96" \
+      io.verlbox.recipe.hash="a2c596e219f5811ec318f024f8a118c709d5e52630d3014171ab9605f389ec6a" \
       io.verlbox.base="nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="7b16e3d629c54a652cab65f2559f453f7ac50d5a2a0eab66974179b1dd4d7b1e" \
@@ -121,6 +122,7 @@ LABEL org.opencontainers.image.title="verlbox p40" \
       io.verlbox.pin.torchdata="0.11.0" \
       io.verlbox.pin.tensordict="0.6.2" \
       io.verlbox.pin.transformers="4.51.3" \
+      io.verlbox.pin.tensorboard="2.20.0" \
       io.verlbox.pin.wandb="0.20.1" \
       io.verlbox.pin.setuptools="80.9.0" \
       io.verlbox.pin.apex="e13873debc4699d39c6861074b9a3b2a02327f92" \
