@@ -47,7 +47,10 @@ SEEDS_BATCH_1 = [
     "+actor_rollout_ref.rollout.micro_batch_size=1",
 ]
 # run name -> the profile `train --profile` gets
-PROFILE_RUNS = {"ppo": "p40", "grpo": "grpo"}
+PROFILE_RUNS = {"ppo": "p40", "grpo": "grpo", "plain": "p40"}
+# `plain`: the PPO profile as verlbox ran it before issue 18 (verl's console as it is, no TensorBoard): the
+# other half of the "with and without" comparison
+PLAIN = {"env": {"VERLBOX_PROGRESS": "plain"}, "overrides": ["trainer.logger=[console]"]}
 # Ray prefixes the trainer's lines with "(TaskRunner pid=...)"
 _STEP = re.compile(r"step:(\d+) - (.*)$")
 
@@ -120,6 +123,9 @@ def run(
     chosen = ["--profile", profile] if profile else []
     command = [sys.executable, "-m", "verlbox.cli", "train", "--recipe", "p40-cu124", *chosen, "--", *overrides]
     steps: dict[int, dict[str, float]] = {}
+    # with verlbox's compact progress the step lines are in the run folder's metrics file, not on stdout
+    metrics_file = checkpoint_dir / "metrics.jsonl"
+    metrics_seen = metrics_file.stat().st_size if metrics_file.is_file() else 0
     started = time.monotonic()
     killed = False
     crashes: list[dict[str, object]] = []
@@ -150,6 +156,12 @@ def run(
                 killed = True
                 break
         process.wait()
+    if metrics_file.is_file():
+        with metrics_file.open() as written:
+            written.seek(metrics_seen)
+            for line in written:
+                entry = json.loads(line)
+                steps.setdefault(entry["step"], entry["metrics"])
     ordered = [steps[k] for k in sorted(steps)]
     # the first step warms up and a validation step also generates the validation set: neither is a step's cost
     plain = [s for s in ordered[1:] if not any(key.startswith("val-") for key in s)]
@@ -186,7 +198,7 @@ def main() -> int:
         "--run",
         action="append",
         required=True,
-        help="NAME:STEPS[:KEY=VALUE,...] with NAME profile|seeds|resume|refuse|ppo|grpo",
+        help="NAME:STEPS[:KEY=VALUE,...] with NAME profile|seeds|resume|refuse|ppo|grpo|plain",
     )
     parser.add_argument("--gpu-memory-gib", default="24")
     parser.add_argument("--kill-after-checkpoint", type=int, help="profile run: SIGKILL once this step is saved")
@@ -236,7 +248,12 @@ def main() -> int:
         log = args.out / f"{number}-{name}.log"
         # the refusal comes before verl starts: it runs whatever the training left of the budget
         until = float("inf") if name == "refuse" else deadline
-        summary = run(name, overrides, env, log, kill, crashes, checkpoints / "bench", until, profile)
+        if name == "plain":
+            overrides = [*overrides, *PLAIN["overrides"]]
+        # a profile run as shipped starts fresh in a folder of its own; the others share "bench" (resume, refuse)
+        experiment = f"bench-{number}-{name}" if profile else "bench"
+        run_env = env | {"VERLBOX_EXPERIMENT": experiment} | (PLAIN["env"] if name == "plain" else {})
+        summary = run(name, overrides, run_env, log, kill, crashes, checkpoints / experiment, until, profile)
         summary["extra"] = extras
         if name == "refuse":
             summary["said"] = log.read_text().strip().splitlines()[-3:]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import threading
@@ -23,11 +24,14 @@ from types import FrameType
 
 from verlbox.errors import RunHalted, UsageError
 from verlbox.runtime.environment import number
+from verlbox.runtime.progress import RunWatch
 
 # compose's healthcheck looks for it: a halted run shows as unhealthy in `docker compose ps`
 HALT_FILE = Path("/tmp/verlbox-halted")
 ON_HALT = "VERLBOX_ON_HALT"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# in the environment of verl and all it starts: what is still running after it has ended is found by it
+ATTEMPT_MARKER = "VERLBOX_ATTEMPT"
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,8 @@ class RestartPolicy:
     failures: int = 3
     window_s: float = 900.0
     delay_s: float = 30.0  # before a restart: GPU memory of the dead processes is freed, a shared folder settles
+    # a stop that comes while verl writes a checkpoint waits this long for it (compose's stop_grace_period is longer)
+    save_grace_s: float = 240.0
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> RestartPolicy:
@@ -45,6 +51,7 @@ class RestartPolicy:
             failures=int(number(environ, "VERLBOX_RESTART_FAILURES", cls.failures, minimum=1, whole=True)),
             window_s=number(environ, "VERLBOX_RESTART_WINDOW_S", cls.window_s, minimum=0),
             delay_s=number(environ, "VERLBOX_RESTART_DELAY_S", cls.delay_s, minimum=0),
+            save_grace_s=number(environ, "VERLBOX_SAVE_GRACE_S", cls.save_grace_s, minimum=0),
         )
 
     def halt_reason(self, attempts: Sequence[Attempt]) -> str | None:
@@ -90,9 +97,11 @@ class StopRequest:
     """The signals that stop the run (docker stop's SIGTERM, Ctrl-C), passed on to verl's process group; a
     second one kills the group at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, holds_off: Callable[[], bool] = lambda: False) -> None:
         self.signal: int | None = None
         self.child: subprocess.Popen[bytes] | None = None
+        self.held_since: float | None = None  # a stop kept from verl while HOLDS_OFF said so (a save running)
+        self._holds_off = holds_off
         self._event = threading.Event()
         self._previous: dict[int, object] = {}
 
@@ -106,19 +115,33 @@ class StopRequest:
             signal.signal(signum, handler)  # type: ignore[arg-type]
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        forward = signal.SIGKILL if self.signal is not None else signum
+        again = self.signal is not None
         self.signal = signum
         self._event.set()
+        if again:
+            self._send(signal.SIGKILL)
+        elif self.child is not None and self._holds_off():
+            self.held_since = time.monotonic()
+        else:
+            self._send(signum)
+
+    def _send(self, signum: int) -> None:
+        self.held_since = None
         if self.child is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):  # the group has ended already
-                os.killpg(self.child.pid, forward)
+                os.killpg(self.child.pid, signum)
 
     def started(self, child: subprocess.Popen[bytes]) -> None:
         """CHILD is the one to stop; a signal that came while it was being started is passed on now."""
         self.child = child
         if self.signal is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.pid, self.signal)
+            self._send(self.signal)
+
+    def release(self, grace_s: float) -> None:
+        """Pass a held stop on once verl's save is written, or once GRACE_S seconds have gone by."""
+        held = self.held_since is not None and self.signal is not None
+        if held and (not self._holds_off() or time.monotonic() - (self.held_since or 0) > grace_s):
+            self._send(self.signal or signal.SIGTERM)
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to SECONDS; True when a stop signal came."""
@@ -137,20 +160,19 @@ def supervise(
     newest_step: Callable[[], int | None],
     before_restart: Callable[[str, int | None], None],
     say: Callable[[str], None],
+    watch: RunWatch | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
-    """Run COMMAND until it succeeds (0), is stopped by a signal (128 + the signal), or halts (RunHalted)."""
+    """Run COMMAND until it succeeds (0), is stopped by a signal (128 + the signal), or halts (RunHalted).
+    With WATCH, verl's output goes through it, and a stop that comes during a save waits for the save."""
     attempts: list[Attempt] = []
-    with StopRequest() as stop:
+    with StopRequest(holds_off=lambda: watch is not None and watch.saving) as stop:
         while True:
             if stop.signal is not None:  # asked to stop while the last attempt was being cleaned up after
                 return stop.exit_code
             started_from = newest_step()
             started = clock()
-            # its own process group: a stop reaches verl and what it started, not only the driver
-            child = subprocess.Popen(list(command), env=dict(env), start_new_session=True)
-            stop.started(child)
-            code = child.wait()
+            code = run_attempt(command, env, stop, policy.save_grace_s, watch, say)
             if code == 0:
                 return 0
             if stop.signal is not None:
@@ -173,6 +195,75 @@ def supervise(
             if stop.wait(policy.delay_s):
                 return stop.exit_code
             before_restart(describe_exit(code), saved)
+
+
+def run_attempt(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    stop: StopRequest,
+    save_grace_s: float,
+    watch: RunWatch | None,
+    say: Callable[[str], None],
+) -> int:
+    """One run of verl, in a process group of its own (a stop reaches what it started, not only the driver),
+    and marked: whatever it leaves behind (Ray's processes, a worker that left the group) is ended after it."""
+    marker = f"{os.getpid()}-{secrets.token_hex(8)}"
+    output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if watch else {}
+    child_env = dict(env) | {ATTEMPT_MARKER: marker} | ({"PYTHONUNBUFFERED": "1"} if watch else {})
+    child = subprocess.Popen(list(command), env=child_env, start_new_session=True, **output)  # type: ignore[call-overload]
+    stop.started(child)
+    reader = watch.follow(child.stdout) if watch and child.stdout else None
+    told = False
+    while True:
+        try:
+            code = child.wait(timeout=0.5)
+            break
+        except subprocess.TimeoutExpired:
+            if stop.held_since is not None and not told:
+                say(f"stopping once verl has written the checkpoint it is saving (at most {save_grace_s:.0f} s)")
+                told = True
+            stop.release(save_grace_s)
+    left = end_leftovers(marker)
+    if left:
+        say(f"ended {left} process(es) verl left running")
+    if reader:
+        reader.join(timeout=5)  # its end of the pipe is closed once the last holder has gone
+    return code
+
+
+def processes_marked(marker: str) -> list[int]:
+    """The processes whose environment carries MARKER (as a CI server finds a job's processes): those started
+    under verl keep it, whichever group or parent they have by now."""
+    wanted = f"{ATTEMPT_MARKER}={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environment = (entry / "environ").read_bytes()
+        except OSError:  # gone, or not ours
+            continue
+        if wanted in environment.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def end_leftovers(marker: str, grace_s: float = 10.0) -> int:
+    """End every process marked MARKER: SIGTERM, then SIGKILL for those still there after GRACE_S seconds."""
+    first = processes_marked(marker)
+    for pid in first:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while (remaining := processes_marked(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in remaining:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in first:  # those that became this process's children when their parent died
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    return len(first)
 
 
 def holds(environ: Mapping[str, str]) -> bool:

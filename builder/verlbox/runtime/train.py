@@ -11,10 +11,11 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from verlbox import __version__
 from verlbox.errors import PreflightFailed, RunHalted, UsageError, VerlboxError
-from verlbox.runtime import checkpoints, cluster, environment, hub, preflight, run_record, supervisor
+from verlbox.runtime import checkpoints, cluster, environment, hub, preflight, progress, run_record, supervisor
 from verlbox.runtime.data import prepare_gsm8k
 from verlbox.runtime.memory_cap import SITECUSTOMIZE_DIR
 from verlbox.runtime.overrides import (
@@ -36,6 +37,7 @@ DATA_KEYS = ("data.train_files", "data.val_files")
 RUN_FOLDER_MOUNTS = {Path("/models"): "models", Path("/data"): "data"}
 RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 RAY_OVERRIDE_JOB_ENV = "RAY_OVERRIDE_JOB_RUNTIME_ENV"
+PROGRESS_MODE = "VERLBOX_PROGRESS"
 
 
 def merge_overrides(profile: list[str], user: list[str]) -> list[str]:
@@ -112,9 +114,13 @@ def _user_int(user: list[str], key: str) -> int | None:
     return value or None
 
 
-def train_environment(plan: TrainingPlan, environ: dict[str, str], gpu_memory_gib: float | None) -> dict[str, str]:
+def train_environment(
+    plan: TrainingPlan, environ: dict[str, str], gpu_memory_gib: float | None, run_folder: Path | None = None
+) -> dict[str, str]:
     # the model and data are on disk by now (prepare_inputs): verl and transformers never need the hub
     worker_env = dict(plan.environment) | {"HF_HUB_OFFLINE": "1"}
+    if run_folder:  # verl's tensorboard logger writes here, beside the checkpoints, not under its working folder
+        worker_env["TENSORBOARD_DIR"] = str(run_folder / progress.TENSORBOARD_FOLDER)
     if gpu_memory_gib:
         worker_env["VERLBOX_GPU_MEMORY_GIB"] = f"{gpu_memory_gib:g}"
         worker_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITECUSTOMIZE_DIR), environ.get("PYTHONPATH")]))
@@ -311,11 +317,12 @@ def train(
     try:
         code = supervisor.supervise(
             train_command(overrides),
-            train_environment(plan, environ, gpu_memory_gib),
+            train_environment(plan, environ, gpu_memory_gib, folder),
             policy,
             newest_step=lambda: checkpoints.newest_step(overrides),
             before_restart=before_restart,
             say=say,
+            watch=run_watch(folder, overrides, environ, facts, console),
         )
         outcome = "finished" if code == 0 else f"stopped ({supervisor.describe_exit(code)})"
         return code
@@ -328,6 +335,33 @@ def train(
                 log.ended(outcome, checkpoints.newest_step(overrides))
             except (VerlboxError, OSError) as exc:  # a full disk must not hide how the run ended
                 say(f"run record: could not note the end ({exc})")
+
+
+def run_watch(
+    folder: Path | None,
+    overrides: list[str],
+    environ: dict[str, str],
+    facts: preflight.GpuFacts | None,
+    console: Console,
+) -> progress.RunWatch | None:
+    """The compact step line and verl's log in the run folder, unless VERLBOX_PROGRESS=plain asks for verl's
+    console as it is."""
+    mode = environ.get(PROGRESS_MODE) or "compact"
+    if mode not in ("compact", "plain"):
+        raise UsageError(f"{PROGRESS_MODE}={mode}: expected compact (the default) or plain (verl's own lines)")
+    if folder is None or mode == "plain":
+        return None
+    responses = override_int(overrides, "data.train_batch_size", 0) * override_int(
+        overrides, "actor_rollout_ref.rollout.n", 1
+    )
+    limit = None
+    if facts and facts.devices:
+        limit = facts.memory_cap_gib or min(device.total_gib for device in facts.devices)
+
+    def show(line: Text | str) -> None:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    return progress.RunWatch(folder, progress.Progress(responses, limit), show)
 
 
 def new_run(
@@ -357,7 +391,7 @@ def new_run(
 def print_dry_run(
     plan: TrainingPlan, overrides: list[str], environ: dict[str, str], gpu_memory_gib: float | None
 ) -> None:
-    env = train_environment(plan, environ, gpu_memory_gib)
+    env = train_environment(plan, environ, gpu_memory_gib, checkpoints.Settings.from_overrides(overrides).local_folder)
     command = train_command(overrides)
     changed = {k: v for k, v in env.items() if environ.get(k) != v}
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(changed.items()))

@@ -1,0 +1,198 @@
+"""verl's console, watched: one compact line per training step for the person at the terminal, verl's every
+line kept in the run folder's log, and each step's metrics appended to its metrics file for `verlbox report`.
+
+verl 0.4.1's console logger prints a step as `step:N - key:value - key:value ...` (some fifty pairs, Ray's
+`(TaskRunner pid=...)` prefix and colour codes in front). The line shown instead answers the questions asked
+at 3 a.m.: alive, how far, how fast, reward, response length, memory against the limit, when it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from rich.text import Text
+
+from verlbox.runtime.run_record import now
+
+LOG_FILE = "verl.log"
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_FOLDER = "tensorboard"
+
+ANSI_CODE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+RAY_PREFIX = re.compile(r"^\([^)]*\)\s*")
+STEP_LINE = re.compile(r"^step:(\d+) - (.*)$")
+TOTAL_LINE = re.compile(r"Total training steps: (\d+)")
+# printed by verl as a save begins; its step's line follows once the save is written
+SAVE_STARTS = "local_global_step_folder: "
+# verl's own tqdm bar repeats what the compact line says, as carriage-return noise
+TQDM_BAR = "Training Progress:"
+
+STEP_SECONDS = "timing_s/step"
+REWARD = "critic/score/mean"
+RESPONSE_LENGTH = "response_length/mean"
+MEMORY_RESERVED = "perf/max_memory_reserved_gb"
+VALIDATION_REWARD = re.compile(r"^val-core/.+/reward/mean@\d+$")
+
+
+def plain(line: str) -> str:
+    """LINE without colour codes and Ray's process prefix."""
+    return RAY_PREFIX.sub("", ANSI_CODE.sub("", line)).strip()
+
+
+def parse_step(line: str) -> tuple[int, dict[str, float]] | None:
+    """A console step line's step and numeric metrics; None for any other line."""
+    match = STEP_LINE.match(plain(line))
+    if not match:
+        return None
+    metrics: dict[str, float] = {}
+    for pair in match.group(2).split(" - "):
+        key, colon, value = pair.partition(":")
+        if not colon:
+            continue
+        try:
+            metrics[key.strip()] = float(value)
+        except ValueError:
+            continue  # verl prints non-numbers as they are; the compact line and report need numbers
+    return int(match.group(1)), metrics
+
+
+def validation_reward(metrics: dict[str, float]) -> float | None:
+    return next((value for key, value in metrics.items() if VALIDATION_REWARD.match(key)), None)
+
+
+def show_eta(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes:02d} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+@dataclass
+class Progress:
+    """What the compact line needs beyond one step's metrics: the run's length, its batch, the memory limit."""
+
+    samples_per_step: int  # responses per step: prompts x rollout.n
+    memory_limit_gib: float | None  # the cap (--gpu-memory-gib) or the card's memory; None when unknown
+    total_steps: int | None = None
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=10))
+
+    def line(self, step: int, metrics: dict[str, float]) -> Text:
+        seconds = metrics.get(STEP_SECONDS)
+        if seconds:
+            self.recent.append(seconds)
+        text = Text(f"step {step}" + (f"/{self.total_steps}" if self.total_steps else ""), style="bold")
+        if seconds:
+            text.append(f"  {seconds:.1f} s/step  {self.samples_per_step / seconds:.2f} samples/s")
+        if (reward := metrics.get(REWARD)) is not None:
+            text.append(f"  reward {reward:.3f}")
+        if (validation := validation_reward(metrics)) is not None:
+            text.append(f"  validation {validation:.3f}", style="cyan")
+        if (length := metrics.get(RESPONSE_LENGTH)) is not None:
+            text.append(f"  length {length:.0f}")
+        if (reserved := metrics.get(MEMORY_RESERVED)) is not None:
+            self._append_memory(text, reserved)
+        if self.total_steps and self.recent and step < self.total_steps:
+            # the median: a validation or save step is slow without the run having slowed down
+            text.append(f"  ETA {show_eta((self.total_steps - step) * statistics.median(self.recent))}")
+        elif self.total_steps and step >= self.total_steps:
+            text.append("  last step")
+        return text
+
+    def _append_memory(self, text: Text, reserved: float) -> None:
+        if self.memory_limit_gib is None:
+            text.append(f"  memory {reserved:.1f} GiB")
+            return
+        share = reserved / self.memory_limit_gib
+        style = "red" if share > 0.95 else "yellow" if share > 0.85 else ""
+        text.append(f"  memory {reserved:.1f}/{self.memory_limit_gib:.0f} GiB", style=style)
+
+
+class RunWatch:
+    """Takes verl's output line by line: everything to FOLDER/verl.log, steps to FOLDER/metrics.jsonl and the
+    compact line to SHOW, other lines to SHOW as they are (a warning or a traceback is seen where it happens)."""
+
+    def __init__(self, folder: Path, progress: Progress, show: Callable[[Text | str], None]) -> None:
+        self.folder = folder
+        self.progress = progress
+        self.show = show
+        self._saving = threading.Event()
+        self._attempt = 0
+
+    @property
+    def saving(self) -> bool:
+        """verl is writing a checkpoint (its save began and its step's line has not come yet)."""
+        return self._saving.is_set()
+
+    def follow(self, stream: IO[bytes]) -> threading.Thread:
+        """Read STREAM (verl's stdout and stderr) to its end in a thread of its own."""
+        self._attempt += 1
+        self._saving.clear()
+        reader = threading.Thread(target=self._read, args=(stream, self._attempt), daemon=True, name="verl-output")
+        reader.start()
+        return reader
+
+    def _read(self, stream: IO[bytes], attempt: int) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / LOG_FILE, "a", encoding="utf-8") as log:
+            log.write(f"# verlbox: verl attempt {attempt} started {now()}\n")
+            log.flush()
+            for raw in stream:
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                log.write(line + "\n")
+                log.flush()
+                self.take(line, attempt)
+        stream.close()
+
+    def take(self, line: str, attempt: int) -> None:
+        step = parse_step(line)
+        if step is not None:
+            self._saving.clear()
+            self._record(*step, attempt)
+            self.show(self.progress.line(*step))
+            return
+        text = plain(line)
+        if total := TOTAL_LINE.search(text):
+            self.progress.total_steps = int(total.group(1))
+        if text.startswith(SAVE_STARTS):
+            self._saving.set()
+        if TQDM_BAR not in text:
+            self.show(line)
+
+    def _record(self, step: int, metrics: dict[str, float], attempt: int) -> None:
+        entry = {"step": step, "at": now(), "attempt": attempt, "metrics": metrics}
+        with open(self.folder / METRICS_FILE, "a", encoding="utf-8") as out:
+            out.write(json.dumps(entry) + "\n")
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    at: str
+    attempt: int
+    metrics: dict[str, float]
+
+
+def read_metrics(path: Path) -> list[StepRecord]:
+    """A metrics file's steps; a line cut short by a crash (the last one, say) is skipped, not fatal."""
+    return list(_entries(path.read_text(encoding="utf-8").splitlines()))
+
+
+def _entries(lines: Iterable[str]) -> Iterable[StepRecord]:
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            yield StepRecord(int(entry["step"]), str(entry["at"]), int(entry["attempt"]), dict(entry["metrics"]))
+        except (ValueError, KeyError, TypeError):
+            continue
