@@ -1,5 +1,5 @@
 """Watching a run: the compact step line, verl's log and metrics file, and a stop that ends every process,
-all from verl's own console output recorded on the lent GPU (tests/fixtures/verl-run/verl.log)."""
+all from verl's own console output recorded on the lent GPU (tests/fixtures/verl-run/console.txt)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from conftest import REPO
 from verlbox.runtime import progress
 from verlbox.runtime.progress import Progress, RunWatch, parse_step, read_metrics
 
-RECORDED = REPO / "tests" / "fixtures" / "verl-run" / "verl.log"
+RECORDED = REPO / "tests" / "fixtures" / "verl-run" / "console.txt"
 
 
 def recorded_lines() -> list[str]:
