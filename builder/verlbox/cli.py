@@ -57,6 +57,11 @@ HANDLERS = {
     ),
     "overrides": ("verlbox.host.commands", "overrides", "print the Hydra overrides a recipe's profile passes to verl"),
     "runs": ("verlbox.host.commands", "runs", "list the runs a checkpoints folder records (run.json), one row each"),
+    "report": (
+        "verlbox.host.commands",
+        "report",
+        "draw one run's reward, response length, speed and memory per step into a PNG",
+    ),
     "train": ("verlbox.runtime.commands", "train", "(in the image) preflight, then verl PPO with the profile"),
     "smoke-checks": (
         "verlbox.runtime.commands",
@@ -198,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub["runs"].add_argument(
         "folder", nargs="?", default="checkpoints", help="a checkpoints folder, or one run's (default: ./checkpoints)"
     )
+
+    sub["report"].add_argument("folder", help="one run's folder: checkpoints/EXPERIMENT (metrics.jsonl, run.json)")
+    sub["report"].add_argument("--out", help="the PNG to write (default: FOLDER/report.png)")
 
     train = sub["train"]
     train.add_argument("overrides", nargs="*", help="extra Hydra overrides (key=value); the profile's are checked too")

@@ -16,7 +16,7 @@ def default_mode() -> int:
     return 0o666 & ~umask
 
 
-def write_atomically(path: Path, text: str, mode: int | None = None) -> None:
+def write_atomically(path: Path, text: str | bytes, mode: int | None = None) -> None:
     """Replace `path` in one step; a new file gets the mode an ordinary write would give it.
 
     The data is on disk before the rename, and the rename before returning, so a crash leaves
@@ -30,7 +30,7 @@ def write_atomically(path: Path, text: str, mode: int | None = None) -> None:
     except OSError as exc:
         raise UsageError(f"{path}: cannot write here ({exc.strerror or exc})") from None
     try:
-        with os.fdopen(fd, "w") as handle:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as handle:
             handle.write(text)
             handle.flush()
             os.fchmod(handle.fileno(), mode)

@@ -342,3 +342,14 @@ def runs(args: argparse.Namespace) -> int:
             )
     out.print(table)
     return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    from verlbox.host.report import write_report
+
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        raise UsageError(f"{folder}: not a folder; give one run's folder (checkpoints/EXPERIMENT)")
+    written = write_report(folder, Path(args.out) if args.out else None)
+    out.print(f"wrote {written}", markup=False)
+    return 0

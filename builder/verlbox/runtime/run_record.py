@@ -54,6 +54,7 @@ class Run(Loose):
     profile: str
     overrides: list[str]
     gpus: list[Gpu]
+    memory_cap_gib: float | None = None  # --gpu-memory-gib: the limit each process had, below the card's
     driver: str | None
     model: str
     model_commit: str | None  # from the model's fetch record; None for a folder filled by hand

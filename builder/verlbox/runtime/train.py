@@ -304,7 +304,7 @@ def train(
     passed = f"preflight: {len(checks)} checks passed ({checks[0].detail})"
     console.print(f"{passed}; starting verl: {plan.profile.description}")
     folder = checkpoints.Settings.from_overrides(overrides).local_folder
-    log = run_record.RunLog(folder, new_run(plan, overrides, environ, facts), say) if folder else None
+    log = run_record.RunLog(folder, new_run(plan, overrides, environ, facts, gpu_memory_gib), say) if folder else None
 
     def before_restart(after: str, from_step: int | None) -> None:
         if log:
@@ -365,7 +365,11 @@ def run_watch(
 
 
 def new_run(
-    plan: TrainingPlan, overrides: list[str], environ: dict[str, str], facts: preflight.GpuFacts | None
+    plan: TrainingPlan,
+    overrides: list[str],
+    environ: dict[str, str],
+    facts: preflight.GpuFacts | None,
+    gpu_memory_gib: float | None,
 ) -> run_record.Run:
     """This start's provenance: the image's recipe and patch set, every override, the GPUs, model and data."""
     model = Path(override_value(overrides, MODEL_KEY) or "")
@@ -381,6 +385,7 @@ def new_run(
         profile=plan.profile.name,
         overrides=overrides,
         gpus=[run_record.Gpu(name=d.name, capability=d.compute_capability, memory_gib=d.total_gib) for d in devices],
+        memory_cap_gib=gpu_memory_gib,
         driver=facts.driver_version if facts else None,
         model=str(model),
         model_commit=fetched.commit if fetched else None,

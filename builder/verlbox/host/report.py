@@ -1,0 +1,185 @@
+"""`verlbox report RUN_DIR`: one PNG of a run, from the metrics file `train` writes beside its checkpoints.
+
+Four panels per step: reward (validation points on it), response length, samples per second of training
+(a step's validation and save left out), and GPU memory reserved against the limit the run had (the cap,
+else the card). Every later start of `train` and every
+restart of verl inside one is a dashed line at the first step it logged, so a jump is seen with its cause.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from verlbox.errors import UsageError
+from verlbox.files import write_atomically
+from verlbox.runtime import progress
+from verlbox.runtime.overrides import override_int
+from verlbox.runtime.run_record import Run, read_runs
+
+REPORT_FILE = "report.png"
+
+
+@dataclass(frozen=True)
+class Series:
+    steps: list[int]
+    values: list[float]
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What the picture shows, read from a run folder."""
+
+    name: str
+    reward: Series
+    validation: Series
+    response_length: Series
+    samples_per_s: Series
+    memory_gib: Series
+    memory_limit_gib: float | None
+    restarts: list[tuple[int, str]]  # (first step after it, what it was)
+    caption: str
+
+
+def read_report(folder: Path) -> RunReport:
+    metrics_path = folder / progress.METRICS_FILE
+    if not metrics_path.is_file():
+        raise UsageError(
+            f"{folder}: no {progress.METRICS_FILE} (give one run's folder, checkpoints/EXPERIMENT, of a run "
+            "started by this verlbox with its progress on)"
+        )
+    records = progress.read_metrics(metrics_path)
+    if not records:
+        raise UsageError(f"{metrics_path}: no step recorded yet")
+    runs = read_runs(folder)
+    last_by_step = {record.step: record for record in records}  # a step done again after a restart: the last
+    ordered = [last_by_step[step] for step in sorted(last_by_step)]
+
+    def series(key: str) -> Series:
+        kept = [(r.step, r.metrics[key]) for r in ordered if key in r.metrics and r.step > 0]
+        return Series([s for s, _ in kept], [v for _, v in kept])
+
+    validation = [(r.step, v) for r in ordered if (v := progress.validation_reward(r.metrics)) is not None]
+    samples = [
+        (r.step, samples_per_step(runs, r.at) / seconds)
+        for r in ordered
+        if (seconds := training_seconds(r.metrics)) and samples_per_step(runs, r.at)
+    ]
+    last = runs[-1] if runs else None
+    return RunReport(
+        name=folder.name,
+        reward=series(progress.REWARD),
+        validation=Series([s for s, _ in validation], [v for _, v in validation]),
+        response_length=series(progress.RESPONSE_LENGTH),
+        samples_per_s=Series([s for s, _ in samples], [v for _, v in samples]),
+        memory_gib=series(progress.MEMORY_RESERVED),
+        memory_limit_gib=memory_limit(last),
+        restarts=restart_marks(runs, records),
+        caption=caption(last),
+    )
+
+
+def training_seconds(metrics: dict[str, float]) -> float | None:
+    """The step's time without its validation and its save: the speed of training itself, which a step that
+    also validated or saved would hide."""
+    if not metrics.get(progress.STEP_SECONDS):
+        return None
+    extra = sum(metrics.get(key, 0.0) for key in ("timing_s/testing", "timing_s/save_checkpoint"))
+    return metrics[progress.STEP_SECONDS] - extra
+
+
+def run_at(runs: list[Run], at: str) -> Run | None:
+    """The start of `train` that logged a step at time AT."""
+    started = [run for run in runs if run.started <= at]
+    return started[-1] if started else None
+
+
+def samples_per_step(runs: list[Run], at: str) -> int:
+    run = run_at(runs, at)
+    if run is None:
+        return 0
+    return override_int(run.overrides, "data.train_batch_size", 0) * override_int(
+        run.overrides, "actor_rollout_ref.rollout.n", 1
+    )
+
+
+def memory_limit(run: Run | None) -> float | None:
+    if run is None:
+        return None
+    if run.memory_cap_gib:
+        return run.memory_cap_gib
+    return min((gpu.memory_gib for gpu in run.gpus), default=None)
+
+
+def restart_marks(runs: list[Run], records: list[progress.StepRecord]) -> list[tuple[int, str]]:
+    """Each later start and each restart, at the first step logged after it."""
+    events = [(run.started, "start") for run in runs[1:]]
+    events += [(restart.at, f"restart after {restart.after}") for run in runs for restart in run.restarts]
+    marks = []
+    for at, what in sorted(events):
+        after = [record.step for record in records if record.at >= at]
+        if after:
+            marks.append((after[0], what))
+    return marks
+
+
+def caption(run: Run | None) -> str:
+    if run is None:
+        return "no run.json beside the metrics"
+    gpus = f"{len(run.gpus)} x {run.gpus[0].name}" if run.gpus else "a Ray cluster"
+    return f"{run.recipe} ({run.image or 'image not named'}), profile {run.profile}, {gpus}, verlbox {run.verlbox}"
+
+
+def render_png(report: RunReport) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: a file, on a server as on a laptop
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(2, 2, figsize=(12, 7.5), sharex=True, constrained_layout=True)
+    reward, length, speed, memory = axes.flat
+    reward.plot(report.reward.steps, report.reward.values, marker=".", label="training reward (mean)")
+    if report.validation.steps:
+        reward.plot(report.validation.steps, report.validation.values, "o", color="tab:red", label="validation")
+    reward.set_ylabel("reward")
+    reward.legend(loc="best", fontsize="small")
+    length.plot(report.response_length.steps, report.response_length.values, marker=".", color="tab:green")
+    length.set_ylabel("response length (tokens, mean)")
+    speed.plot(report.samples_per_s.steps, report.samples_per_s.values, marker=".", color="tab:purple")
+    speed.set_ylabel("samples / s (without validation, saves)")
+    memory.plot(report.memory_gib.steps, report.memory_gib.values, marker=".", color="tab:orange", label="reserved")
+    if report.memory_limit_gib:
+        memory.axhline(report.memory_limit_gib, color="tab:red", linestyle=":", label="limit")
+        memory.set_ylim(0, report.memory_limit_gib * 1.1)
+    memory.set_ylabel("GPU memory (GiB, max per step)")
+    memory.legend(loc="lower right", fontsize="small")
+    for panel in axes.flat:
+        panel.grid(alpha=0.3)
+        for step, _ in report.restarts:
+            panel.axvline(step - 0.5, color="grey", linestyle="--", linewidth=1)
+        panel.xaxis.get_major_locator().set_params(integer=True)
+    for step, what in report.restarts:
+        reward.annotate(
+            what,
+            (step - 0.5, 1),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize="x-small",
+            color="grey",
+        )
+    for panel in axes[1]:
+        panel.set_xlabel("step")
+    figure.suptitle(f"{report.name}: {report.caption}", fontsize="medium")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    pyplot.close(figure)
+    return buffer.getvalue()
+
+
+def write_report(folder: Path, out: Path | None) -> Path:
+    target = out or folder / REPORT_FILE
+    write_atomically(target, render_png(read_report(folder)))
+    return target
