@@ -406,7 +406,7 @@ def test_train_repairs_before_verl_starts_and_refuses_without_room(
     root: Path, qwen_overrides: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The wiring: after the preflight passes, before verl starts; a short disk is a preflight failure (exit 3)."""
-    spec = load_recipe("p40-cu124").image_spec()
+    spec = load_recipe("p40-cu124").image_spec().model_copy(update={"lock_hash": "c" * 64})
     user = [o for o in qwen_overrides if o.startswith(("actor_rollout_ref.model.path=", "critic.model.path="))]
     for name, value in {"VERLBOX_CHECKPOINT_DIR": str(root.parent), "VERLBOX_EXPERIMENT": root.name}.items():
         monkeypatch.setenv(name, value)
@@ -437,6 +437,7 @@ def test_train_repairs_before_verl_starts_and_refuses_without_room(
     assert (run.outcome, run.last_step, run.profile, run.recipe) == ("finished", 25, "p40", "p40-cu124")
     assert [(gpu.name, gpu.capability) for gpu in run.gpus] == [("Tesla P40", "6.1")] and run.driver == "550.54.14"
     assert run.overrides == started[0][3:] and run.patch_set_hash == patch_set_for("0.4.1").content_hash
+    assert run.lock_hash == "c" * 64  # the image spec's, as a locked build writes it
 
 
 def test_a_dry_run_counts_the_space_its_removals_would_free(

@@ -87,6 +87,9 @@ def test_labels_carry_recipe_hash_pins_and_patch_set(image: str) -> None:
     assert labels["io.verlbox.version"] == "0.1.0"
     for component, version in recipe.pins().items():
         assert labels[f"io.verlbox.pin.{canonicalize_name(component)}"] == version
+    # the image's own spec carries the lock's hash too: train records it in run.json (labels are not visible inside)
+    spec = json.loads(docker("run", "--rm", "--entrypoint", "cat", image, "/opt/verlbox/image-spec.json").stdout)
+    assert spec["lock_hash"] == labels["io.verlbox.lock.hash"]
 
 
 def test_inside_torch_260_verl_041_and_no_flash_attn(image: str) -> None:

@@ -77,7 +77,8 @@ def write_context(plan: BuildPlan, directory: Path, sources: BuildSources | None
         if step.pip:  # the step's record, when the build installs exactly these
             record = [entry.model_dump(exclude_none=True) for entry in step.pip]
             (tools / "lock" / f"{step.name}.pip.json").write_text(json.dumps(record, indent=1) + "\n")
-    (directory / "image-spec.json").write_text(plan.recipe.image_spec().model_dump_json(indent=2) + "\n")
+    spec = plan.recipe.image_spec().model_copy(update={"lock_hash": plan.lock.content_hash if plan.lock else None})
+    (directory / "image-spec.json").write_text(spec.model_dump_json(indent=2, exclude_none=True) + "\n")
     if plan.apex and not plan.offline:  # offline, Apex's wheel comes prebuilt from the bundle
         # Apex's own folder: its cache key is the plan, the build script and the archive, nothing else
         apex = directory / "apex"

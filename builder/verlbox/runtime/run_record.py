@@ -48,6 +48,7 @@ class Run(Loose):
     restarts: list[Restart] = []
     recipe: str
     recipe_hash: str
+    lock_hash: str | None = None  # None: an image built without a lock
     patch_set_hash: str
     verlbox: str
     image: str | None  # the reference compose started (VERLBOX_IMAGE), when it says
@@ -58,6 +59,7 @@ class Run(Loose):
     driver: str | None
     model: str
     model_commit: str | None  # from the model's fetch record; None for a folder filled by hand
+    data_commit: str | None = None  # the GSM8K download's fetched commit, likewise
     data: dict[str, str]  # parquet file -> sha256
 
 

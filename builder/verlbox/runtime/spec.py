@@ -30,6 +30,8 @@ class ImageSpec(BaseModel):
     vllm_kernels_for: list[str] | None = None
     apex_commit: str | None = None
     pins: dict[str, str]
+    # the lock a locked build installed from (its io.verlbox.lock.hash label): train records it per run
+    lock_hash: str | None = None
 
 
 def read_spec(path: Path) -> ImageSpec:

@@ -173,10 +173,14 @@ def provide_model(overrides: list[str], environ: dict[str, str], console: Consol
     return provide("model", hub.source_from_environment("model", environ), folder, environ, console)
 
 
+def raw_gsm8k_folder(environ: dict[str, str]) -> Path:
+    return Path(environ.get("VERLBOX_GSM8K_SOURCE") or DEFAULT_RAW_GSM8K)
+
+
 def ensure_data(overrides: list[str], environ: dict[str, str], console: Console) -> preflight.Check:
     """verl's parquet files, made from the raw GSM8K download (fetched first when missing) unless already there."""
     files = [Path(v) for key in DATA_KEYS if (v := override_value(overrides, key))]
-    raw = Path(environ.get("VERLBOX_GSM8K_SOURCE") or DEFAULT_RAW_GSM8K)
+    raw = raw_gsm8k_folder(environ)
     if all(path.is_file() for path in files):  # opened, not only found: a half-copied file is rebuilt or named
         return preflight.check_data(files, raw, lambda text: console.print(text, markup=False))
     download = provide("data", hub.source_from_environment("data", environ), raw, environ, console)
@@ -374,11 +378,13 @@ def new_run(
     """This start's provenance: the image's recipe and patch set, every override, the GPUs, model and data."""
     model = Path(override_value(overrides, MODEL_KEY) or "")
     fetched = hub.recorded(model)  # None for a folder filled by hand
+    data_fetched = hub.recorded(raw_gsm8k_folder(environ))
     devices = facts.devices if facts else []
     return run_record.Run(
         started=run_record.now(),
         recipe=plan.spec.name,
         recipe_hash=plan.spec.recipe_hash,
+        lock_hash=plan.spec.lock_hash,
         patch_set_hash=patch_set_for(plan.spec.verl).content_hash,
         verlbox=__version__,
         image=environ.get("VERLBOX_IMAGE") or None,
@@ -389,6 +395,7 @@ def new_run(
         driver=facts.driver_version if facts else None,
         model=str(model),
         model_commit=fetched.commit if fetched else None,
+        data_commit=data_fetched.commit if data_fetched else None,
         data=run_record.file_hashes(Path(v) for key in DATA_KEYS if (v := override_value(overrides, key))),
     )
 
