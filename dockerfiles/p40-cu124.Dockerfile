@@ -78,9 +78,12 @@ RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/buil
        transformers==4.51.3 \
        wandb==0.20.1 \
        torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
-# the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
+# the source record goes into Apex's dist-info: smoke compares its commit with the recipe's; the wheel's
+# sha256 into the build record, which `verlbox lock` pins (an offline build then takes that wheel only)
 RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
+    --mount=type=bind,source=verlbox-build/compiled.py,target=/tmp/verlbox/compiled.py \
     pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \
+    && python3 /tmp/verlbox/compiled.py apex /tmp/apex-wheels \
     && mkdir -p /opt/verlbox/build-record/builder && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/builder/ \
     && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
 # the verlbox runtime: entrypoint, smoke checks and the verl patch set (changes most often: last)
@@ -105,7 +108,7 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       io.verlbox.base="debian:bookworm-slim" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="7b16e3d629c54a652cab65f2559f453f7ac50d5a2a0eab66974179b1dd4d7b1e" \
-      io.verlbox.lock.hash="9b6ffa7fdac29f3937a7baebc9201f5b3ce920cf8972bb85d272d0c6000941d2" \
+      io.verlbox.lock.hash="27e5cf79395263b2ee647cdf2de146cd1ed76c773d99edbdfc062c446a308101" \
       io.verlbox.pin.cuda="12.4" \
       io.verlbox.pin.python="3.11" \
       io.verlbox.pin.torch="2.6.0" \
@@ -143,7 +146,7 @@ RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/buil
 FROM debian:bookworm-slim AS bundle-debian
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/bundle,target=/tmp/verlbox/bundle \
-    . /tmp/verlbox/build-env.sh && . /tmp/verlbox/bundle/bundle.sh && verlbox_bundle_debs /bundle/debs
+    . /tmp/verlbox/build-env.sh && . /tmp/verlbox/bundle/bundle.sh && verlbox_bundle_debs /bundle/debs /bundle/debian
 
 FROM scratch AS bundle
 COPY --from=bundle-python /bundle/ /

@@ -72,9 +72,12 @@ RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/buil
        transformers==4.51.3 \
        wandb==0.20.1 \
        torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
-# the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
+# the source record goes into Apex's dist-info: smoke compares its commit with the recipe's; the wheel's
+# sha256 into the build record, which `verlbox lock` pins (an offline build then takes that wheel only)
 RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
+    --mount=type=bind,source=verlbox-build/compiled.py,target=/tmp/verlbox/compiled.py \
     pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \
+    && python3 /tmp/verlbox/compiled.py apex /tmp/apex-wheels \
     && mkdir -p /opt/verlbox/build-record/builder && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/builder/ \
     && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
 # the verlbox runtime: entrypoint, smoke checks and the verl patch set (changes most often: last)

@@ -3,6 +3,7 @@ code, no traceback and nothing written; values that are valid but odd reach the 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -18,7 +19,16 @@ import yaml
 from conftest import REPO, run_verlbox
 from test_bundle import write_bundle
 from verlbox.errors import BAD_INPUT, UsageError
-from verlbox.host.bundle import MANIFEST, check_base_archive, check_debs, check_files, read_manifest
+from verlbox.host.bundle import (
+    MANIFEST,
+    check_base_archive,
+    check_compiled,
+    check_debs,
+    check_debs_indexed,
+    check_files,
+    read_manifest,
+)
+from verlbox.host.lock import PipEntry
 from verlbox.host.plan import BuildPlan
 from verlbox.host.recipe import load_recipe
 from verlbox.host.reference import parse_tag
@@ -194,6 +204,8 @@ def test_other_commands_ignore_the_memory_cap_variable() -> None:
         ("VERLBOX_TORCH_INDEX_URL", "not a url"),
         ("VERLBOX_PIP_INDEX_URL", "ftp://x y"),
         ("VERLBOX_APT_MIRROR", "mirror"),
+        ("VERLBOX_PIP_INDEX_URL", "https://user:PLANTED-TOKEN@index.example/simple x?token=PLANTED-TOKEN"),
+        ("VERLBOX_TORCH_INDEX_URL", "ftp://user:PLANTED-TOKEN@index.example/whl"),
     ],
 )
 def test_malformed_source_variables(variable: str, value: str) -> None:
@@ -201,6 +213,7 @@ def test_malformed_source_variables(variable: str, value: str) -> None:
         "build", "p40", "--bootstrap-base", env={variable: value, "DOCKER_HOST": "unix:///nonexistent.sock"}
     )
     assert_refused(result)
+    assert "PLANTED-TOKEN" not in result.stdout + result.stderr  # a malformed URL is still not echoed whole
 
 
 def test_a_torch_index_verlbox_does_not_know_needs_its_url_before_building(tmp_path: Path) -> None:
@@ -373,6 +386,70 @@ def test_debs_are_exactly_the_locks_for_each_step(tmp_path: Path) -> None:
     compiler = debs | {"debs/apex-compiler/gcc_12_amd64.deb": b"x"}  # a builder step's packages are never bundled
     with pytest.raises(UsageError, match=r"debs/apex-compiler: gcc=12 not in the lock's step apex-compiler"):
         check_debs(tmp_path, read_manifest(write_bundle(tmp_path / "compiler", plan, compiler)), plan.lock)
+
+
+def _signed_index(debs: dict[str, bytes], changed: str | None = None) -> dict[str, bytes]:
+    """A stand-in of Debian's indexes as a bundle carries them: InRelease and a Packages file listing DEBS
+    (CHANGED's entry with another hash)."""
+    stanzas = []
+    for name, data in debs.items():
+        package, version = name.split("/")[-1].removesuffix("_amd64.deb").split("_", 1)
+        digest = hashlib.sha256(data if name != changed else b"what Debian published").hexdigest()
+        stanzas.append(
+            f"Package: {package}\nVersion: {version.replace('%3a', ':')}\nArchitecture: amd64\n"
+            f"Description: one\n two\nFilename: pool/main/{package}.deb\nSHA256: {digest}"
+        )
+    return {
+        "debian/dists/bookworm/InRelease": b"-----BEGIN PGP SIGNED MESSAGE-----",
+        "debian/dists/bookworm/main/binary-amd64/Packages": ("\n\n".join(stanzas) + "\n").encode(),
+    }
+
+
+def test_each_deb_is_the_one_debian_s_signed_index_in_the_bundle_lists(tmp_path: Path) -> None:
+    """A manifest recomputed over a changed .deb passes the file check: Debian's index does not."""
+    plan = _offline_plan()
+    debs = _locked_debs(plan)
+
+    def check(files: dict[str, bytes]) -> None:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        check_debs_indexed(folder, read_manifest(write_bundle(folder, plan, files)))
+
+    check(debs | _signed_index(debs))
+    first = next(iter(debs))
+    with pytest.raises(UsageError, match=r"sha256 [0-9a-f]{64}, but Debian's signed index lists [0-9a-f]{64}"):
+        check(debs | _signed_index(debs, changed=first))
+    unlisted = dict(list(debs.items())[1:])
+    with pytest.raises(UsageError, match=r"is in none of the bundle's signed indexes"):
+        check(debs | _signed_index(unlisted))
+    with pytest.raises(UsageError, match=r"no copy of Debian's signed indexes .* run `verlbox bundle` again"):
+        check(debs)
+
+
+APEX_WHEEL = "apex-0.1-cp311-cp311-linux_x86_64.whl"
+
+
+def test_the_compiled_apex_wheel_is_exactly_the_one_the_lock_pins(tmp_path: Path) -> None:
+    """The offline build installs every wheel of the bundle's apex/ folder: only the lock's, by sha256."""
+    plan = _offline_plan()
+    assert plan.lock is not None
+    digest = hashlib.sha256(b"compiled once").hexdigest()
+    pin = PipEntry(name="apex", version="0.1", file=APEX_WHEEL, sha256=digest)
+    lock = plan.lock.model_copy(update={"compiled": {"apex": [pin]}})
+
+    def check(files: dict[str, bytes], against=lock) -> None:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        check_compiled(plan, folder, read_manifest(write_bundle(folder, plan, files)), against)
+
+    check({f"apex/{APEX_WHEEL}": b"compiled once", "apex/verlbox-source.json": b"{}"})  # the genuine one
+    with pytest.raises(UsageError, match=rf"apex/{APEX_WHEEL}: sha256 [0-9a-f]{{64}} is not a apex wheel the lock"):
+        check({f"apex/{APEX_WHEEL}": b"compiled again"})  # a manifest recomputed over a swapped wheel
+    with pytest.raises(UsageError, match=r"apex/evil-1.0-py3-none-any.whl: sha256 .* is not a apex wheel"):
+        check({f"apex/{APEX_WHEEL}": b"compiled once", "apex/evil-1.0-py3-none-any.whl": b"x"})
+    with pytest.raises(UsageError, match=rf"/apex: no {APEX_WHEEL} \(the lock's\)"):
+        check({"apex/verlbox-source.json": b"{}"})
+    unpinned = lock.model_copy(update={"compiled": {}})
+    with pytest.raises(UsageError, match=r"compiled: no apex wheel pinned .* run `verlbox lock` again"):
+        check({f"apex/{APEX_WHEEL}": b"compiled once"}, unpinned)
 
 
 def test_symlinks_in_a_bundle_or_as_the_bundle_are_refused(tmp_path: Path) -> None:

@@ -172,3 +172,28 @@ def test_lock_never_writes_into_the_installed_verlbox(tmp_path: Path, monkeypatc
     assert lock_target(recipe, tmp_path / "mine.lock.json") == tmp_path / "mine.lock.json"
     mine = SimpleNamespace(name="mine", lock_path=tmp_path / "mine.lock.json")
     assert lock_target(mine, None) == tmp_path / "mine.lock.json"
+
+
+def test_a_builder_stage_s_wheels_are_recorded_with_their_sha256_and_compared_by_verify(tmp_path: Path) -> None:
+    from verlbox.host.lock import PipEntry
+    from verlbox.host.verify import _compiled_differences
+    from verlbox.runtime.compiled_record import wheel_record
+
+    (tmp_path / "apex-0.1-cp311-cp311-linux_x86_64.whl").write_bytes(b"compiled")
+    (tmp_path / "verlbox-source.json").write_text("{}")  # not a wheel: the source record, not pinned
+    [entry] = wheel_record(tmp_path)
+    assert entry == {
+        "name": "apex",
+        "version": "0.1",
+        "file": "apex-0.1-cp311-cp311-linux_x86_64.whl",
+        "sha256": hashlib.sha256(b"compiled").hexdigest(),
+    }
+    lock = Lock.model_validate(
+        json.loads((paths.shipped_root() / "recipes" / "p40-cu124.lock.json").read_text())
+    ).model_copy(update={"compiled": {"apex": [PipEntry.model_validate(entry)]}})
+    assert _compiled_differences(lock, {"apex": [entry]}) == []
+    other = entry | {"sha256": "0" * 64}
+    assert _compiled_differences(lock, {"apex": [other]}) == [
+        f"apex wheel {entry['file']}: lock {entry['sha256']}, image {'0' * 64}"
+    ]
+    assert _compiled_differences(lock, {}) == [f"apex wheel {entry['file']}: lock {entry['sha256']}, image absent"]

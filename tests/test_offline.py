@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO, build_cache_ids, ca_arguments, docker, prune_build_cache_since, run_verlbox
+from verlbox.runtime.apex_build import file_sha256
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -94,7 +95,14 @@ def test_the_bundle_holds_every_locked_file_with_the_locks_hash(bundle: Path) ->
                 else set()
             )
             assert debs == {entry["name"].split(":")[0] for entry in step["apt"]}, step["name"]
-    assert [name for name in manifest["files"] if name.startswith("apex/") and name.endswith(".whl")]
+    wheels = {
+        name: sha for name, sha in manifest["files"].items() if name.startswith("apex/") and name.endswith(".whl")
+    }
+    assert wheels == {f"apex/{entry['file']}": entry["sha256"] for entry in lock["compiled"]["apex"]}
+    # Debian's signed indexes the .debs were fetched against, for the offline build's apt to check them again
+    indexes = [name for name in manifest["files"] if name.startswith("debian/dists/")]
+    assert any(name.endswith("/InRelease") for name in indexes), indexes
+    assert any(name.endswith("/binary-amd64/Packages") for name in indexes), indexes
     assert "base.tar" in manifest["files"] and manifest["base"]["reference"] == lock["base"]["reference"]
     assert not [path for path in bundle.rglob("*") if path.is_file() and path.stat().st_uid != os.getuid()]
 
@@ -121,3 +129,63 @@ def test_two_clean_offline_builds_give_one_image_id(
         f"image IDs {first.image_id[:19]} and {second.image_id[:19]} differ; layers {differ} of "
         f"{len(first.layers)} (0: the base); files {differing[:40]}"
     )
+
+
+def _crafted(bundle: Path, into: Path, change: Callable[[Path], object]) -> Path:
+    """The genuine bundle hard-linked into INTO, CHANGE applied, and its manifest recomputed over the result:
+    the manifest vouches for whatever the folder holds, as an attacker's would."""
+    for source in bundle.rglob("*"):
+        target = into / source.relative_to(bundle)
+        if source.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(source, target)
+    change(into)
+    manifest = json.loads((into / "manifest.json").read_text())
+    files = sorted(p for p in into.rglob("*") if p.is_file() and p.name != "manifest.json")
+    manifest["files"] = {p.relative_to(into).as_posix(): file_sha256(p) for p in files}
+    (into / "manifest.json").unlink()  # a hard link: the genuine manifest stays as it was
+    (into / "manifest.json").write_text(json.dumps(manifest))
+    return into
+
+
+def _replace(path: Path, data: bytes) -> None:
+    path.unlink()  # the genuine bundle's file is the same inode: never written through
+    path.write_bytes(data)
+
+
+def _swap_apex_wheel(folder: Path) -> None:
+    [wheel] = (folder / "apex").glob("*.whl")
+    _replace(wheel, wheel.read_bytes() + b"\0")
+
+
+def _tamper_a_deb(folder: Path) -> None:
+    deb = sorted((folder / "debs" / "python").glob("*.deb"))[0]
+    _replace(deb, deb.read_bytes() + b"\0")
+
+
+def _add_a_deb(folder: Path) -> None:
+    deb = sorted((folder / "debs" / "python").glob("*.deb"))[0]
+    (folder / "debs" / "python" / "evil_1.0_amd64.deb").write_bytes(deb.read_bytes())
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        (_swap_apex_wheel, "is not a apex wheel the lock pins"),
+        (_tamper_a_deb, "but Debian's signed index lists"),
+        (_add_a_deb, "evil=1.0 not in the lock's step python"),
+    ],
+    ids=["swapped-apex-wheel", "tampered-deb", "extra-deb"],
+)
+def test_a_crafted_bundle_is_refused_in_one_line_before_any_step_and_the_engine_is_unchanged(
+    bundle: Path, tmp_path: Path, change: Callable[[Path], object], refusal: str
+) -> None:
+    crafted = _crafted(bundle, tmp_path / "crafted", change)
+    images = docker("image", "ls", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}").stdout
+    result = run_verlbox("build", "p40-cu124", "--offline", str(crafted), "--skip-space-check", "--tag", OFFLINE_TAG)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(result.stderr.strip().splitlines()) == 1 and refusal in result.stderr, result.stderr[-3000:]
+    after = docker("image", "ls", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}").stdout
+    assert after == images

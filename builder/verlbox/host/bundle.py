@@ -4,6 +4,7 @@
   base.tar         the base image (`docker save`): the one the lock was made on, kept after its tag is gone
   wheels/          every Python file the lock names, fetched by its sha256
   debs/STEP/       the Debian packages of each of the image's apt steps, at the locked versions
+  debian/dists/    Debian's signed indexes they were fetched against (InRelease, Packages), as apt kept them
   apex/            compiled parts (Apex's wheel and its source record), built once, taken by hash
   sources/         the source archives the recipe pins (Apex's)
   manifest.json    the recipe and lock it was made for, the base's image ID, and every file's sha256
@@ -130,6 +131,8 @@ def make_bundle(
             base=BundleBase(reference=plan.base_image, image_id=base_id),
             files=files,
         )
+        # a wheel compiled again here (no cache of the locked build) is not the lock's: no bundle, and why
+        check_compiled(plan, partial, manifest, lock, shown_as=out)
         write_atomically(partial / MANIFEST, manifest.model_dump_json(indent=1) + "\n")
         if out.exists():
             out.rmdir()
@@ -237,8 +240,7 @@ def check_debs(bundle: Path, manifest: Manifest, lock: Lock) -> None:
         parts = PurePosixPath(name).parts
         if parts[0] != "debs":
             continue
-        package, _, rest = parts[-1].partition("_")
-        version = unquote(rest.rpartition("_")[0])  # apt-get download writes an epoch's ':' as %3a
+        package, version, _ = deb_identity(parts[-1])  # apt-get download writes an epoch's ':' as %3a
         if len(parts) != 3 or not parts[-1].endswith(".deb") or not version:
             raise UsageError(f"{bundle / name}: not a STEP/NAME_VERSION_ARCH.deb the bundle makes")
         found.setdefault(parts[1], set()).add(f"{package}={version}")
@@ -251,6 +253,80 @@ def check_debs(bundle: Path, manifest: Manifest, lock: Lock) -> None:
             raise UsageError(f"{bundle}/debs/{step.name}: no .deb for {_some(missing)} (the lock's)")
     if found:
         raise UsageError(f"{bundle}/debs/{sorted(found)[0]}: a folder for a step the lock has no packages for")
+
+
+def deb_identity(file_name: str) -> tuple[str, str, str]:
+    """(name, version, architecture) of a .deb as `apt-get download` names it: NAME_VERSION_ARCH.deb."""
+    name, _, rest = file_name.removesuffix(".deb").partition("_")
+    version, _, arch = rest.rpartition("_")
+    return name, unquote(version), arch
+
+
+def signed_index_hashes(bundle: Path, manifest: Manifest) -> dict[tuple[str, str, str], str]:
+    """Every package the bundle's copy of Debian's Packages indexes lists, with its sha256 there."""
+    listed: dict[tuple[str, str, str], str] = {}
+    for name in manifest.files:
+        if not (name.startswith("debian/dists/") and name.endswith("/Packages")):
+            continue
+        for stanza in (bundle / name).read_text(encoding="utf-8", errors="replace").split("\n\n"):
+            fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " ")
+            key = (fields.get("Package", ""), fields.get("Version", ""), fields.get("Architecture", ""))
+            if all(key) and "SHA256" in fields:
+                listed[key] = fields["SHA256"].strip()
+    return listed
+
+
+def check_debs_indexed(bundle: Path, manifest: Manifest) -> None:
+    """Each .deb's sha256 is the one the bundle's copy of Debian's signed Packages index lists for it. Said
+    here in one line before any step runs; the authority is apt inside the offline build, which checks
+    that index against InRelease and InRelease against the base's Debian keyring."""
+    debs = [name for name in manifest.files if name.startswith("debs/")]
+    if not debs:
+        return
+    signed = [n for n in manifest.files if n.startswith("debian/dists/") and n.endswith(("/InRelease", "/Release.gpg"))]
+    listed = signed_index_hashes(bundle, manifest) if signed else {}
+    if not listed:
+        raise UsageError(
+            f"{bundle}: no copy of Debian's signed indexes (debian/dists/*/InRelease and Packages) to check "
+            "its .debs against: a bundle made before verlbox carried them; run `verlbox bundle` again"
+        )
+    for name in sorted(debs):
+        identity = deb_identity(PurePosixPath(name).name)
+        expected = listed.get(identity)
+        if expected is None:
+            raise UsageError(f"{bundle / name}: {identity[0]}={identity[1]} is in none of the bundle's signed indexes")
+        if manifest.files[name] != expected:
+            raise UsageError(
+                f"{bundle / name}: sha256 {manifest.files[name]}, but Debian's signed index lists {expected}"
+            )
+
+
+def check_compiled(plan: BuildPlan, bundle: Path, manifest: Manifest, lock: Lock, shown_as: Path | None = None) -> None:
+    """Each builder stage's wheels in the bundle (Apex's) are exactly the ones the lock pins, by file name
+    and sha256: the offline build installs every wheel of that folder, and a wheel is code. SHOWN_AS names
+    the bundle in errors (`verlbox bundle` checks its folder before renaming it into place)."""
+    shown = shown_as or bundle
+    for block in plan.builder_blocks:
+        pinned = {entry.file: entry.sha256 for entry in lock.compiled.get(block.name, [])}
+        if not pinned:
+            raise UsageError(
+                f"{plan.recipe.lock_path}: compiled: no {block.name} wheel pinned (a lock made before verlbox "
+                f"pinned it): run `verlbox lock` again on the image the bundle was made from"
+            )
+        carried = {
+            path.removeprefix(f"{block.name}/"): digest
+            for path, digest in manifest.files.items()
+            if path.startswith(f"{block.name}/") and path.endswith(".whl")
+        }
+        for name, digest in sorted(carried.items()):
+            if pinned.get(name) != digest:
+                raise UsageError(
+                    f"{shown}/{block.name}/{name}: sha256 {digest} is not a {block.name} wheel the lock pins "
+                    f"({_some([f'{file} {sha[:12]}' for file, sha in sorted(pinned.items())])}): "
+                    f"{block.name} was compiled again, or the file was swapped"
+                )
+        if missing := sorted(set(pinned) - set(carried)):
+            raise UsageError(f"{shown}/{block.name}: no {_some(missing)} (the lock's)")
 
 
 def _some(names: list[str]) -> str:

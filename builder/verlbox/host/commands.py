@@ -159,7 +159,16 @@ def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
 
 def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) -> BuildPlan:
     """Room for the build checked, the bundle checked file by file and its base loaded, before any step runs."""
-    from verlbox.host.bundle import bundle_bytes, check_debs, check_files, check_manifest, load_base, read_manifest
+    from verlbox.host.bundle import (
+        bundle_bytes,
+        check_compiled,
+        check_debs,
+        check_debs_indexed,
+        check_files,
+        check_manifest,
+        load_base,
+        read_manifest,
+    )
     from verlbox.host.diskspace import offline_build_need, require_free_space
     from verlbox.host.engine import client
 
@@ -176,6 +185,8 @@ def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) ->
         check_files(bundle, manifest)
     assert plan.lock is not None  # an offline plan has a lock
     check_debs(bundle, manifest, plan.lock)  # the manifest is only an index: the lock decides the packages
+    check_debs_indexed(bundle, manifest)  # each .deb's hash as Debian's signed index lists it (apt checks again)
+    check_compiled(plan, bundle, manifest, plan.lock)  # and the compiled wheels, by sha256
     load_base(bundle, manifest, plan.lock, err)
     return plan
 
@@ -227,9 +238,12 @@ def verify(args: argparse.Namespace) -> int:
     if not reference:
         raise UsageError(f"{args.image} names no recipe (no io.verlbox.recipe label): pass --recipe")
     recipe = load_recipe(reference)
-    found = differences(recipe, args.image, labels)
+    comparison = differences(recipe, args.image, labels)
+    found = comparison.differences
     for difference in found:
         out.print(difference, markup=False)
+    for note in comparison.notes:
+        err.print(f"note: {note}", markup=False)
     if found:
         err.print(f"{args.image} differs from {recipe.lock_path}: {len(found)} difference(s)")
         return 1
@@ -283,10 +297,11 @@ def _lock_check(args: argparse.Namespace, image: str) -> CheckResult:
         return CheckResult("host", "image of this recipe", "failed", mismatch)
     if recipe.lock_path is None or not recipe.lock_path.is_file():
         return CheckResult("host", "matches its lock", "skipped", f"recipe {recipe.name} has no lock yet")
-    found = differences(recipe, image, labels)
-    if found:
-        return CheckResult("host", "matches its lock", "failed", "; ".join(found[:10]))
-    return CheckResult("host", "matches its lock", "passed", f"verlbox verify: {recipe.lock_path.name} matches")
+    comparison = differences(recipe, image, labels)
+    if comparison.differences:
+        return CheckResult("host", "matches its lock", "failed", "; ".join(comparison.differences[:10]))
+    noted = "".join(f"; note: {note}" for note in comparison.notes)
+    return CheckResult("host", "matches its lock", "passed", f"verlbox verify: {recipe.lock_path.name} matches{noted}")
 
 
 def overrides(args: argparse.Namespace) -> int:

@@ -66,6 +66,7 @@ def write_context(plan: BuildPlan, directory: Path, sources: BuildSources | None
     (tools / "lock").mkdir(parents=True)
     (tools / "build-env.sh").write_text(_template_text("build-env.sh"))
     shutil.copy2(paths.PACKAGE_DIR / "runtime" / "build_record.py", tools / "record.py")
+    shutil.copy2(paths.PACKAGE_DIR / "runtime" / "compiled_record.py", tools / "compiled.py")
     if plan.offline:
         (tools / "offline-env.sh").write_text(_template_text("offline-env.sh"))
     if plan.bundle_stages and plan.lock:

@@ -82,6 +82,8 @@ class Lock(Strict):
     recipe_hash: Sha256
     base: LockedBase
     steps: list[LockStep]  # in build order: a later step may replace what an earlier one installed
+    # what a builder stage compiled (Apex's wheel), by block: an offline build takes exactly these files
+    compiled: dict[Slug, list[PipEntry]] = Field(default_factory=dict)
     # the date every file and history entry of an offline (bundle) build is clamped to: the locked build's
     source_date_epoch: NonNegativeInt | None = None
 
@@ -147,10 +149,10 @@ def read_lock(path: Path) -> Lock:
         raise UsageError("\n".join(f"{path}: {line}" for line in fault_lines(exc))) from None
 
 
-def image_records(image: str) -> Records:
-    """The build record an image carries (/opt/verlbox/build-record), read by the image's own Python."""
-    output = docker_output("run", "--rm", "--entrypoint", "python", image, "-m", "verlbox.runtime.build_record", "dump")
-    return json.loads(output)
+def image_records(image: str, module: str = "verlbox.runtime.build_record") -> Any:
+    """A record the image carries (/opt/verlbox/build-record), read by the image's own Python: by default
+    each step's packages; with verlbox.runtime.compiled_record, each builder stage's compiled wheels."""
+    return json.loads(docker_output("run", "--rm", "--entrypoint", "python", image, "-m", module, "dump"))
 
 
 def steps_in_build_order(dockerfile: str, records: Records) -> list[LockStep]:
@@ -213,12 +215,12 @@ def lock_from_image(recipe_name: str, recipe_hash: str, dockerfile: str, image: 
     base = labels.get("io.verlbox.base")
     if not base:
         raise VerlboxError(f"{image} carries no io.verlbox.base label: build it with this verlbox first")
-    steps = steps_in_build_order(dockerfile, image_records(image))
     return Lock(
         recipe=recipe_name,
         recipe_hash=recipe_hash,
         base=base_identity(base),
-        steps=steps,
+        steps=steps_in_build_order(dockerfile, image_records(image)),
+        compiled=image_records(image, "verlbox.runtime.compiled_record"),
         source_date_epoch=image_created(image),
     )
 

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from verlbox.errors import UsageError
 from verlbox.host.archives import AcceptedArchive, ArchivePin, check_archive, fetch_archive, mirror_url
+from verlbox.runtime.hub import redact
 
 _INDEX_URL = re.compile(r"(https?|file)://\S+")
 
@@ -35,8 +36,16 @@ def _index_url(value: str | None, option: str) -> str | None:
     if value is None or not value.strip():
         return None
     if not _INDEX_URL.fullmatch(value):
-        raise UsageError(f"{option} {value!r}: expected an http(s):// or file:// URL without spaces")
+        raise UsageError(f"{option} {shown_url(value)!r}: expected an http(s):// or file:// URL without spaces")
     return value
+
+
+def shown_url(value: str) -> str:
+    """VALUE as an error may show it: a malformed URL too loses what could be a credential."""
+    try:
+        return redact(value)
+    except ValueError:
+        return "(the value, not shown: it may hold a credential)"
 
 
 def default_archive_dir(environ: Mapping[str, str]) -> Path:

@@ -5,19 +5,21 @@ distribution and version installed (pip's own view inside the image) against the
 Debian package's installed version, and any Debian package the lock does not list (over a
 bootstrapped base, whose packages it lists); the recipe the image was built from; the base's identity
 (registry digest, or for a local base its package list); Apex's recorded source commit against the
-recipe.
+recipe, and its wheel's sha256 against the lock's (a difference for an image built from a bundle; a note
+for one that compiled Apex itself: a compile is not bit-for-bit repeatable, the lock pins the one it saw).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import dataclass, field
 
 from packaging.utils import canonicalize_name
 
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.engine import require_cli
-from verlbox.host.lock import Lock, base_identity, read_lock
+from verlbox.host.lock import Lock, base_identity, image_created, read_lock
 from verlbox.host.plan import BuildPlan
 from verlbox.host.recipe import RecipeHead
 
@@ -26,13 +28,16 @@ NOT_FROM_AN_INDEX = {"verlbox", "apex"}
 
 _PROBE = """
 import importlib.metadata as m, json, subprocess
+from pathlib import Path
 pip = {d.metadata["Name"]: d.version for d in m.distributions()}
 apt = subprocess.run(["dpkg-query", "-W", "-f", "${Package}=${Version}\\\\n"], capture_output=True, text=True).stdout
 try:
     apex = json.loads(m.distribution("apex").read_text("verlbox-source.json") or "{}").get("commit")
 except m.PackageNotFoundError:
     apex = None
-print(json.dumps({"pip": pip, "apt": apt.split(), "apex": apex}))
+records = sorted(Path("/opt/verlbox/build-record/compiled").glob("*.json"))
+compiled = {p.stem: json.loads(p.read_text()) for p in records}
+print(json.dumps({"pip": pip, "apt": apt.split(), "apex": apex, "compiled": compiled}))
 """
 
 
@@ -67,9 +72,16 @@ def other_recipe(recipe: str, image: str, labels: dict[str, str]) -> str | None:
     return f"{image} was built from recipe {built_from}, not {recipe}: name that recipe (or --recipe {built_from})"
 
 
-def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> list[str]:
+@dataclass
+class Comparison:
+    differences: list[str]
+    # said, not counted: what an online build may rightly differ in (Apex compiled again)
+    notes: list[str] = field(default_factory=list)
+
+
+def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> Comparison:
     if mismatch := other_recipe(recipe.name, image, labels):  # every other line would only follow from it
-        return [mismatch]
+        return Comparison([mismatch])
     if recipe.lock_path is None or not recipe.lock_path.is_file():
         raise UsageError(f"recipe {recipe.name} has no lock ({recipe.lock_path}): run `verlbox lock` first")
     lock: Lock = read_lock(recipe.lock_path)
@@ -102,6 +114,22 @@ def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> list[
     if apex and inside["apex"] != apex.commit:
         found.append(f"apex: image built from {inside['apex'] or 'an unrecorded source'}, recipe pins {apex.commit}")
     found += _base_differences(lock, labels.get("io.verlbox.base"))
+    compiled = _compiled_differences(lock, inside.get("compiled", {}))
+    if compiled and image_created(image) == lock.source_date_epoch:  # built from a bundle: it must be the lock's
+        return Comparison(found + compiled)
+    said = "compiled by this build; a bundle of the lock carries the lock's"
+    return Comparison(found, [f"{line} ({said})" for line in compiled])
+
+
+def _compiled_differences(lock: Lock, inside: dict[str, list[dict[str, str]]]) -> list[str]:
+    found = []
+    for block, entries in sorted(lock.compiled.items()):
+        pinned = {entry.file: entry.sha256 for entry in entries}
+        have = {entry["file"]: entry["sha256"] for entry in inside.get(block, [])}
+        for name in sorted(set(pinned) | set(have)):
+            if pinned.get(name) != have.get(name):
+                locked, built = pinned.get(name) or "absent", have.get(name) or "absent"
+                found.append(f"{block} wheel {name}: lock {locked}, image {built}")
     return found
 
 

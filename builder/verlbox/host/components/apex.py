@@ -108,9 +108,12 @@ RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \\
     && cp -r /opt/verlbox/build-record /wheels/build-record
 {%- endmacro %}
 {% macro final(c, plan) -%}
-# the source record goes into Apex's dist-info: smoke compares its commit with the recipe's
+# the source record goes into Apex's dist-info: smoke compares its commit with the recipe's; the wheel's
+# sha256 into the build record, which `verlbox lock` pins (an offline build then takes that wheel only)
 {{ m.RUN(plan) }} --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \\
+    --mount=type=bind,source=verlbox-build/compiled.py,target=/tmp/verlbox/compiled.py \\
     pip install --no-cache-dir --no-deps /tmp/apex-wheels/*.whl \\
+    && python3 /tmp/verlbox/compiled.py apex /tmp/apex-wheels \\
     && mkdir -p /opt/verlbox/build-record/builder && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/builder/ \\
     && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
 {%- endmacro %}

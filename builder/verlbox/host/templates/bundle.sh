@@ -14,10 +14,12 @@ verlbox_bundle_wheels() {
 }
 
 # Debian packages of the image's apt steps into DEST/STEP/, at the locked versions, from the base's
-# own sources (or the build's mirror): apt checks them against the archive's signed indexes.
+# own sources (or the build's mirror): apt checks them against the archive's signed indexes, which go
+# into INDEXES for the offline build's apt to check them again.
 verlbox_bundle_debs() {
   dest="$1"
-  verlbox_apt_begin && apt-get update || return 1
+  indexes="$2"
+  verlbox_apt_begin && apt-get update && verlbox_bundle_indexes "$indexes" || return 1
   for slice in /tmp/verlbox/bundle/apt/*.txt; do
     [ -e "$slice" ] || continue
     step="$(basename "$slice" .txt)"
@@ -28,4 +30,24 @@ verlbox_bundle_debs() {
   done
   mkdir -p "$dest"
   rm -rf /var/lib/apt/lists/*
+}
+
+# The archive's signed indexes as apt fetched and checked them (InRelease, or Release and its signature,
+# and each Packages file), laid out as a repository's dists/ in DEST: an offline build points apt at
+# them, which checks them against the base's keyring and each .deb against them.
+verlbox_bundle_indexes() {
+  dest="$1"
+  for list in /var/lib/apt/lists/*_dists_*; do
+    name="${list##*_dists_}"
+    case "$name" in
+      *_InRelease | *_Release | *_Release.gpg | *_Packages) ;;
+      *) continue ;;
+    esac
+    path="$dest/dists/$(printf '%s' "$name" | tr _ /)"
+    mkdir -p "$(dirname "$path")" && cp "$list" "$path" || return 1
+  done
+  if ! ls "$dest"/dists/*/*/binary-*/Packages >/dev/null 2>&1; then
+    echo "verlbox: apt kept no uncompressed Packages index to bundle (Acquire::GzipIndexes set?)" >&2
+    return 1
+  fi
 }
