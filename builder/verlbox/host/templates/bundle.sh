@@ -36,18 +36,27 @@ verlbox_bundle_debs() {
 # and each Packages file), laid out as a repository's dists/ in DEST: an offline build points apt at
 # them, which checks them against the base's keyring and each .deb against them.
 verlbox_bundle_indexes() {
-  dest="$1"
+  # its own names: a shell function shares the caller's variables (verlbox_bundle_debs has a dest)
+  indexes_dest="$1"
   for list in /var/lib/apt/lists/*_dists_*; do
     name="${list##*_dists_}"
     case "$name" in
       *_InRelease | *_Release | *_Release.gpg | *_Packages) ;;
       *) continue ;;
     esac
-    path="$dest/dists/$(printf '%s' "$name" | tr _ /)"
+    path="$indexes_dest/dists/$(printf '%s' "$name" | tr _ /)"
     mkdir -p "$(dirname "$path")" && cp "$list" "$path" || return 1
   done
-  if ! ls "$dest"/dists/*/*/binary-*/Packages >/dev/null 2>&1; then
+  if ! ls "$indexes_dest"/dists/*/*/binary-*/Packages >/dev/null 2>&1; then
     echo "verlbox: apt kept no uncompressed Packages index to bundle (Acquire::GzipIndexes set?)" >&2
     return 1
   fi
+  # each Packages file as the archive serves it too, xz-compressed: an offline apt asks for that one
+  # first (it is what InRelease lists first). Fetched by apt's own helper and checked against InRelease.
+  apt-get indextargets --format '$(URI)' 'Created-By: Packages' | while read -r uri; do
+    relative="${uri#*/dists/}"
+    release="$(ls "$indexes_dest/dists/${relative%%/*}"/*Release | head -n 1)"
+    sha256="$(awk -v f="${relative#*/}.xz" '/^SHA256:/ { s = 1; next } /^[^ ]/ { s = 0 } s && $3 == f { print $1 }' "$release")"
+    /usr/lib/apt/apt-helper download-file "$uri.xz" "$indexes_dest/dists/$relative.xz" "SHA256:$sha256" >/dev/null
+  done
 }
