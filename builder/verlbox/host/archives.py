@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from verlbox.errors import UsageError, VerlboxError
+from verlbox.runtime.hub import redact
 
 CHUNK = 1 << 20
 FETCH_TIMEOUT_S = 60
@@ -90,12 +91,6 @@ def _accepted(pin: ArchivePin, file_sha256: str, tar_sha256: str | None) -> bool
     return file_sha256 == pin.sha256 or (pin.tar_sha256 is not None and tar_sha256 == pin.tar_sha256)
 
 
-def shown(url: str) -> str:
-    """URL as it may be printed: a mirror's user, password or query (a token) never reach a terminal or log."""
-    parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
-
-
 def mirror_url(base: str, name: str) -> str:
     """NAME under a mirror's base URL; a query (a token) stays a query."""
     parts = urllib.parse.urlsplit(base)
@@ -148,14 +143,14 @@ def fetch_archive(pin: ArchivePin, directory: Path, url: str, console: Console) 
         file_sha256, tar_sha256 = _digests(partial)
         if not _accepted(pin, file_sha256, tar_sha256):
             mismatch = _mismatch(pin, file_sha256, tar_sha256)
-            raise ArchiveRefused(f"{shown(url)} served other bytes than the recipe pins ({mismatch}): {manual}")
+            raise ArchiveRefused(f"{redact(url)} served other bytes than the recipe pins ({mismatch}): {manual}")
         os.replace(partial, target)
     except (OSError, urllib.error.URLError, http.client.HTTPException, ValueError) as exc:
         reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or _http_reason(exc)
-        raise VerlboxError(f"could not fetch {pin.name} from {shown(url)} ({reason}): {manual}") from None
+        raise VerlboxError(f"could not fetch {pin.name} from {redact(url)} ({reason}): {manual}") from None
     finally:
         partial.unlink(missing_ok=True)
-    console.print(f"fetched {pin.name} from {shown(url)} (sha256 checked)")
+    console.print(f"fetched {pin.name} from {redact(url)} (sha256 checked)")
     return AcceptedArchive(target, file_sha256)
 
 
