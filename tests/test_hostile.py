@@ -206,6 +206,7 @@ def test_other_commands_ignore_the_memory_cap_variable() -> None:
         ("VERLBOX_APT_MIRROR", "mirror"),
         ("VERLBOX_PIP_INDEX_URL", "https://user:PLANTED-TOKEN@index.example/simple x?token=PLANTED-TOKEN"),
         ("VERLBOX_TORCH_INDEX_URL", "ftp://user:PLANTED-TOKEN@index.example/whl"),
+        ("VERLBOX_APT_MIRROR", "https//user:PLANTED-TOKEN@mirror.example/debian"),
     ],
 )
 def test_malformed_source_variables(variable: str, value: str) -> None:
@@ -402,6 +403,7 @@ def _signed_index(debs: dict[str, bytes], changed: str | None = None) -> dict[st
     return {
         "debian/dists/bookworm/InRelease": b"-----BEGIN PGP SIGNED MESSAGE-----",
         "debian/dists/bookworm/main/binary-amd64/Packages": ("\n\n".join(stanzas) + "\n").encode(),
+        "debian/dists/bookworm/main/binary-amd64/Packages.xz": b"the archive's own compression of it",
     }
 
 

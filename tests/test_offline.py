@@ -189,3 +189,28 @@ def test_a_crafted_bundle_is_refused_in_one_line_before_any_step_and_the_engine_
     assert len(result.stderr.strip().splitlines()) == 1 and refusal in result.stderr, result.stderr[-3000:]
     after = docker("image", "ls", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}").stdout
     assert after == images
+
+
+def _tamper_a_deb_and_its_index_entry(folder: Path) -> None:
+    """What the host cannot catch: the .deb changed and the uncompressed Packages entry rewritten to match.
+    Only Debian's signature chain (InRelease -> Packages.xz -> the .deb's sha256) stands in the way."""
+    deb = sorted((folder / "debs" / "python").glob("*.deb"))[0]
+    old = file_sha256(deb)
+    _replace(deb, deb.read_bytes() + b"\0")
+    [packages] = (folder / "debian" / "dists").glob("*/main/binary-*/Packages")
+    _replace(packages, packages.read_bytes().replace(old.encode(), file_sha256(deb).encode()))
+
+
+def test_apt_itself_refuses_a_deb_whose_index_entry_was_rewritten(
+    bundle: Path, tmp_path: Path, docker_engine: Any
+) -> None:
+    crafted = _crafted(bundle, tmp_path / "crafted", _tamper_a_deb_and_its_index_entry)
+    kept = build_cache_ids(docker_engine)
+    tag = "verlbox-test/p40-cu124:crafted"
+    try:
+        result = run_verlbox("build", "p40-cu124", "--offline", str(crafted), "--skip-space-check", "--tag", tag)
+    finally:
+        prune_build_cache_since(docker_engine, kept)  # the bundle it sent into BuildKit's cache
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Hash Sum mismatch" in result.stderr and "previous images and tags are untouched" in result.stderr
+    assert docker("image", "inspect", tag, check=False).returncode != 0

@@ -216,3 +216,17 @@ def test_the_profile_turns_on_verl_s_tensorboard_logger_writing_into_the_run_fol
     assert "trainer.logger=[console,tensorboard]" in plan.overrides
     env = train_environment(plan, {}, None, tmp_path / "run")
     assert env["TENSORBOARD_DIR"] == str(tmp_path / "run" / "tensorboard")
+
+
+def test_a_log_that_cannot_be_written_still_leaves_the_pipe_read_to_its_end(tmp_path: Path) -> None:
+    """A full or failing checkpoint disk: the reader goes on (verl would block on a full pipe otherwise),
+    saying once that the compact progress stopped, and verl's lines pass through as they are."""
+    (tmp_path / "not-a-folder").write_text("")
+    shown: list[str] = []
+    watch = RunWatch(tmp_path / "not-a-folder", Progress(16, 24), lambda t: shown.append(str(t)))
+    lines = recorded_lines()
+    reader = watch.follow(io.BytesIO("\n".join(lines).encode() + b"\n"))
+    reader.join(timeout=10)
+    assert not reader.is_alive() and watch.broken
+    assert shown[0].startswith("verlbox: the compact progress stopped (cannot write")
+    assert shown[1:] == lines

@@ -21,6 +21,7 @@ from rich.console import Console
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.engine import image_exists, require_cli
 from verlbox.host.recipe import Bootstrap
+from verlbox.host.sources import shown_url
 from verlbox.runtime.hub import redact
 
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
@@ -61,7 +62,7 @@ def choose_mirror(option: str | None, environ: Mapping[str, str] = os.environ) -
     if not mirror:
         raise UsageError("--bootstrap-base needs a Debian mirror: give --apt-mirror URL or set VERLBOX_APT_MIRROR")
     if not re.fullmatch(r"(https?|file)://\S+", mirror):
-        raise UsageError(f"--apt-mirror {redact(mirror)!r}: expected an http(s):// or file:// URL")
+        raise UsageError(f"--apt-mirror {shown_url(mirror)!r}: expected an http(s):// or file:// URL")
     return mirror
 
 

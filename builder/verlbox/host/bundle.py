@@ -133,6 +133,8 @@ def make_bundle(
         )
         # a wheel compiled again here (no cache of the locked build) is not the lock's: no bundle, and why
         check_compiled(plan, partial, manifest, lock, shown_as=out)
+        # and what the offline build will hold its .debs to is here, whole: said now, not years later
+        check_debs_indexed(partial, manifest)
         write_atomically(partial / MANIFEST, manifest.model_dump_json(indent=1) + "\n")
         if out.exists():
             out.rmdir()
@@ -284,6 +286,9 @@ def check_debs_indexed(bundle: Path, manifest: Manifest) -> None:
     if not debs:
         return
     signed = [n for n in manifest.files if n.startswith("debian/dists/") and n.endswith(("/InRelease", "/Release.gpg"))]
+    packages = [n for n in manifest.files if n.startswith("debian/dists/") and n.endswith("/Packages")]
+    if missing := [n for n in packages if f"{n}.xz" not in manifest.files]:
+        raise UsageError(f"{bundle}/{missing[0]}.xz: missing (the offline build's apt asks for it first)")
     listed = signed_index_hashes(bundle, manifest) if signed else {}
     if not listed:
         raise UsageError(

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from rich.console import Console
 
@@ -42,10 +43,13 @@ def _index_url(value: str | None, option: str) -> str | None:
 
 def shown_url(value: str) -> str:
     """VALUE as an error may show it: a malformed URL too loses what could be a credential."""
+    hidden = "(the value, not shown: it may hold a credential)"
     try:
-        return redact(value)
+        shown = redact(value)
     except ValueError:
-        return "(the value, not shown: it may hold a credential)"
+        return hidden
+    # no host part found (`https//u:secret@host`, `u:secret@host`): nothing was taken out of it
+    return hidden if "@" in shown or not urlsplit(value).netloc else shown
 
 
 def default_archive_dir(environ: Mapping[str, str]) -> Path:

@@ -8,6 +8,7 @@ at 3 a.m.: alive, how far, how fast, reward, response length, memory against the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import statistics
@@ -129,6 +130,7 @@ class RunWatch:
         self.show = show
         self._saving = threading.Event()
         self._attempt = 0
+        self.broken = False  # a write failed: verl's lines pass through as they are from then on
 
     @property
     def saving(self) -> bool:
@@ -144,16 +146,37 @@ class RunWatch:
         return reader
 
     def _read(self, stream: IO[bytes], attempt: int) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.folder / LOG_FILE, "a", encoding="utf-8") as log:
+        """Every line to the end of STREAM, whatever fails on the way: a reader that stopped would leave verl
+        blocked on a full pipe (a full or failing checkpoint disk must not hang the run)."""
+        log: IO[str] | None = None
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            log = open(self.folder / LOG_FILE, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole stream
             log.write(f"# verlbox: verl attempt {attempt} started {now()}\n")
-            log.flush()
-            for raw in stream:
-                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                log.write(line + "\n")
-                log.flush()
+        except OSError as exc:
+            self._failed(f"cannot write {self.folder / LOG_FILE} ({exc.strerror or exc})")
+        for raw in stream:
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            if self.broken:  # verl's lines as they are, so nothing is lost from the console
+                self.show(line)
+                continue
+            try:
+                if log:
+                    log.write(line + "\n")
+                    log.flush()
                 self.take(line, attempt)
+            except Exception as exc:  # any failure here must still leave the pipe read to its end
+                self._failed(f"{type(exc).__name__}: {exc}")
+                self.show(line)
+        if log:
+            with contextlib.suppress(OSError):
+                log.close()
         stream.close()
+
+    def _failed(self, reason: str) -> None:
+        self.broken = True
+        self._saving.clear()
+        self.show(f"verlbox: the compact progress stopped ({reason}); verl's own lines follow")
 
     def take(self, line: str, attempt: int) -> None:
         step = parse_step(line)

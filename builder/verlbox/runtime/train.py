@@ -274,6 +274,7 @@ def train(
 
     environ = dict(os.environ)
     policy = supervisor.RestartPolicy.from_environment(environ)
+    progress_mode(environ)  # a typo is said before the preflight, not after it
     address = environ.get("RAY_ADDRESS")
     if address:
         cluster.connect(address)
@@ -341,6 +342,13 @@ def train(
                 say(f"run record: could not note the end ({exc})")
 
 
+def progress_mode(environ: dict[str, str]) -> str:
+    mode = environ.get(PROGRESS_MODE) or "compact"
+    if mode not in ("compact", "plain"):
+        raise UsageError(f"{PROGRESS_MODE}={mode}: expected compact (the default) or plain (verl's own lines)")
+    return mode
+
+
 def run_watch(
     folder: Path | None,
     overrides: list[str],
@@ -350,10 +358,7 @@ def run_watch(
 ) -> progress.RunWatch | None:
     """The compact step line and verl's log in the run folder, unless VERLBOX_PROGRESS=plain asks for verl's
     console as it is."""
-    mode = environ.get(PROGRESS_MODE) or "compact"
-    if mode not in ("compact", "plain"):
-        raise UsageError(f"{PROGRESS_MODE}={mode}: expected compact (the default) or plain (verl's own lines)")
-    if folder is None or mode == "plain":
+    if folder is None or progress_mode(environ) == "plain":
         return None
     responses = override_int(overrides, "data.train_batch_size", 0) * override_int(
         overrides, "actor_rollout_ref.rollout.n", 1

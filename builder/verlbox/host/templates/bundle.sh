@@ -38,6 +38,20 @@ verlbox_bundle_debs() {
 verlbox_bundle_indexes() {
   # its own names: a shell function shares the caller's variables (verlbox_bundle_debs has a dest)
   indexes_dest="$1"
+  # what the offline build's apt can check: Debian's archive layout (dists/), signed by Debian's keyring
+  if [ ! -s /usr/share/keyrings/debian-archive-keyring.gpg ]; then
+    echo "verlbox: the base has no Debian archive keyring: offline builds check .debs against Debian's only" >&2
+    return 1
+  fi
+  for list in /var/lib/apt/lists/*_Packages; do
+    case "$list" in
+      *_dists_*) ;;
+      *)
+        echo "verlbox: ${list##*/} is a flat repository's index: offline builds check Debian's archive only" >&2
+        return 1
+        ;;
+    esac
+  done
   for list in /var/lib/apt/lists/*_dists_*; do
     name="${list##*_dists_}"
     case "$name" in
@@ -53,10 +67,16 @@ verlbox_bundle_indexes() {
   fi
   # each Packages file as the archive serves it too, xz-compressed: an offline apt asks for that one
   # first (it is what InRelease lists first). Fetched by apt's own helper and checked against InRelease.
+  # (the loop runs in a subshell of the pipe: `exit` leaves it, the status after `done` says so)
   apt-get indextargets --format '$(URI)' 'Created-By: Packages' | while read -r uri; do
     relative="${uri#*/dists/}"
     release="$(ls "$indexes_dest/dists/${relative%%/*}"/*Release | head -n 1)"
     sha256="$(awk -v f="${relative#*/}.xz" '/^SHA256:/ { s = 1; next } /^[^ ]/ { s = 0 } s && $3 == f { print $1 }' "$release")"
-    /usr/lib/apt/apt-helper download-file "$uri.xz" "$indexes_dest/dists/$relative.xz" "SHA256:$sha256" >/dev/null
-  done
+    if [ -z "$sha256" ]; then
+      echo "verlbox: ${relative#*/}.xz is not in ${release##*/}" >&2
+      exit 1
+    fi
+    /usr/lib/apt/apt-helper download-file "$uri.xz" "$indexes_dest/dists/$relative.xz" "SHA256:$sha256" >/dev/null \
+      || exit 1
+  done || return 1
 }

@@ -16,12 +16,21 @@ export VERLBOX_OFFLINE=1
 # The base's sources come back in verlbox_apt_end.
 verlbox_offline_apt_sources() {
   repo=/tmp/verlbox-repo
+  # a base without a sources.list (deb822 only) gets none back: verlbox_offline_apt_clean removes ours
+  [ -e /etc/apt/sources.list ] || touch /tmp/verlbox-no-sources-list
   mkdir -p /tmp/verlbox-apt-sources "$repo" \
     && cp -a /etc/apt/sources.list /etc/apt/sources.list.d /tmp/verlbox-apt-sources/ 2>/dev/null
   rm -rf /etc/apt/sources.list.d/* && : >/etc/apt/sources.list && cp -r /tmp/verlbox/debian/. "$repo/" || return 1
   for dist in "$repo"/dists/*/; do
     suite="$(basename "$dist")"
     components="$(find "$dist" -mindepth 1 -maxdepth 1 -type d -printf '%f ')"
+    # folder names from the bundle become words of a sources line: plain names only
+    case "$suite $components" in
+      *[!a-z0-9.\ -]*)
+        echo "verlbox: the bundle's debian/dists holds a name that is not a suite or component: $suite $components" >&2
+        return 1
+        ;;
+    esac
     echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] file:$repo $suite $components" \
       >>/etc/apt/sources.list
   done
@@ -47,5 +56,8 @@ verlbox_offline_apt_sources() {
 # What apt and dpkg write with the time in it (logs, binary caches): it would differ between two builds.
 verlbox_offline_apt_clean() {
   rm -rf /var/cache/apt/*.bin /var/cache/ldconfig/aux-cache /tmp/verlbox-repo
+  if [ -e /tmp/verlbox-no-sources-list ]; then
+    rm -f /etc/apt/sources.list /tmp/verlbox-no-sources-list
+  fi
   find /var/log -type f -exec truncate -s 0 {} +
 }
