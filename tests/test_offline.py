@@ -184,7 +184,11 @@ def test_a_crafted_bundle_is_refused_in_one_line_before_any_step_and_the_engine_
 ) -> None:
     crafted = _crafted(bundle, tmp_path / "crafted", change)
     images = docker("image", "ls", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}").stdout
-    result = run_verlbox("build", "p40-cu124", "--offline", str(crafted), "--skip-space-check", "--tag", OFFLINE_TAG)
+    command = ["build", "p40-cu124", "--offline", str(crafted), "--skip-space-check", "--tag", OFFLINE_TAG]
+    try:
+        result = run_verlbox(*command)
+    finally:
+        shutil.rmtree(crafted)  # hard links: they would keep the genuine bundle's 3.4 GiB after it is gone
     assert result.returncode == 2, result.stderr[-3000:]
     assert len(result.stderr.strip().splitlines()) == 1 and refusal in result.stderr, result.stderr[-3000:]
     after = docker("image", "ls", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}").stdout
@@ -211,6 +215,7 @@ def test_apt_itself_refuses_a_deb_whose_index_entry_was_rewritten(
         result = run_verlbox("build", "p40-cu124", "--offline", str(crafted), "--skip-space-check", "--tag", tag)
     finally:
         prune_build_cache_since(docker_engine, kept)  # the bundle it sent into BuildKit's cache
+        shutil.rmtree(crafted)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Hash Sum mismatch" in result.stderr and "previous images and tags are untouched" in result.stderr
     assert docker("image", "inspect", tag, check=False).returncode != 0
