@@ -15,7 +15,6 @@ from pathlib import Path
 from verlbox.errors import UsageError
 from verlbox.files import write_atomically
 from verlbox.runtime import progress
-from verlbox.runtime.overrides import override_int
 from verlbox.runtime.run_record import Run, read_runs
 
 REPORT_FILE = "report.png"
@@ -25,6 +24,10 @@ REPORT_FILE = "report.png"
 class Series:
     steps: list[int]
     values: list[float]
+
+    @classmethod
+    def of(cls, points: list[tuple[int, float]]) -> Series:
+        return cls([step for step, _ in points], [value for _, value in points])
 
 
 @dataclass(frozen=True)
@@ -57,22 +60,21 @@ def read_report(folder: Path) -> RunReport:
     ordered = [last_by_step[step] for step in sorted(last_by_step)]
 
     def series(key: str) -> Series:
-        kept = [(r.step, r.metrics[key]) for r in ordered if key in r.metrics and r.step > 0]
-        return Series([s for s, _ in kept], [v for _, v in kept])
+        return Series.of([(r.step, r.metrics[key]) for r in ordered if key in r.metrics and r.step > 0])
 
     validation = [(r.step, v) for r in ordered if (v := progress.validation_reward(r.metrics)) is not None]
     samples = [
-        (r.step, samples_per_step(runs, r.at) / seconds)
+        (r.step, responses / seconds)
         for r in ordered
-        if (seconds := training_seconds(r.metrics)) and samples_per_step(runs, r.at)
+        if (seconds := training_seconds(r.metrics)) and (responses := samples_per_step(runs, r.at))
     ]
     last = runs[-1] if runs else None
     return RunReport(
         name=folder.name,
         reward=series(progress.REWARD),
-        validation=Series([s for s, _ in validation], [v for _, v in validation]),
+        validation=Series.of(validation),
         response_length=series(progress.RESPONSE_LENGTH),
-        samples_per_s=Series([s for s, _ in samples], [v for _, v in samples]),
+        samples_per_s=Series.of(samples),
         memory_gib=series(progress.MEMORY_RESERVED),
         memory_limit_gib=memory_limit(last),
         restarts=restart_marks(runs, records),
@@ -97,11 +99,7 @@ def run_at(runs: list[Run], at: str) -> Run | None:
 
 def samples_per_step(runs: list[Run], at: str) -> int:
     run = run_at(runs, at)
-    if run is None:
-        return 0
-    return override_int(run.overrides, "data.train_batch_size", 0) * override_int(
-        run.overrides, "actor_rollout_ref.rollout.n", 1
-    )
+    return progress.responses_per_step(run.overrides) if run else 0
 
 
 def memory_limit(run: Run | None) -> float | None:

@@ -21,6 +21,7 @@ from typing import IO
 
 from rich.text import Text
 
+from verlbox.runtime.overrides import override_int
 from verlbox.runtime.run_record import now
 
 LOG_FILE = "verl.log"
@@ -63,6 +64,13 @@ def parse_step(line: str) -> tuple[int, dict[str, float]] | None:
         except ValueError:
             continue  # verl prints non-numbers as they are; the compact line and report need numbers
     return int(match.group(1)), metrics
+
+
+def responses_per_step(overrides: list[str]) -> int:
+    """What one step generates: its prompts (data.train_batch_size) times the answers to each (rollout.n)."""
+    return override_int(overrides, "data.train_batch_size", 0) * override_int(
+        overrides, "actor_rollout_ref.rollout.n", 1
+    )
 
 
 def validation_reward(metrics: dict[str, float]) -> float | None:

@@ -139,9 +139,10 @@ class StopRequest:
 
     def release(self, grace_s: float) -> None:
         """Pass a held stop on once verl's save is written, or once GRACE_S seconds have gone by."""
-        held = self.held_since is not None and self.signal is not None
-        if held and (not self._holds_off() or time.monotonic() - (self.held_since or 0) > grace_s):
-            self._send(self.signal or signal.SIGTERM)
+        if self.held_since is None or self.signal is None:
+            return
+        if not self._holds_off() or time.monotonic() - self.held_since > grace_s:
+            self._send(self.signal)
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to SECONDS; True when a stop signal came."""

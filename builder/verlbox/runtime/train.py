@@ -360,9 +360,6 @@ def run_watch(
     console as it is."""
     if folder is None or progress_mode(environ) == "plain":
         return None
-    responses = override_int(overrides, "data.train_batch_size", 0) * override_int(
-        overrides, "actor_rollout_ref.rollout.n", 1
-    )
     limit = None
     if facts and facts.devices:
         limit = facts.memory_cap_gib or min(device.total_gib for device in facts.devices)
@@ -370,7 +367,7 @@ def run_watch(
     def show(line: Text | str) -> None:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    return progress.RunWatch(folder, progress.Progress(responses, limit), show)
+    return progress.RunWatch(folder, progress.Progress(progress.responses_per_step(overrides), limit), show)
 
 
 def new_run(
