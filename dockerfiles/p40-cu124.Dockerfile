@@ -11,43 +11,59 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
-# the package list is split into words on purpose: names, or name=version lines from the lock
-# hadolint ignore=SC2046
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/lock/python.apt.txt,target=/tmp/verlbox/lock/python.apt.txt \
-    . /tmp/verlbox/build-env.sh && verlbox_apt_begin \
-    && apt-get update \
-    && apt-get install -y --no-install-recommends $(verlbox_apt_packages python ca-certificates python3 python3-venv python3-dev) \
-    && verlbox_apt_end python && rm -rf /var/lib/apt/lists/* \
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=bind,source=verlbox-build/lock/python.apt.txt,target=/tmp/verlbox/lock/python.apt.txt \
+    bash /tmp/verlbox/steps/steps.sh apt python ca-certificates python3 python3-venv python3-dev \
     && python3 -c 'import sys; assert "%d.%d" % sys.version_info[:2] == sys.argv[1], "base image has Python %d.%d" % sys.version_info[:2]' 3.11
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/lock/python.pip.txt,target=/tmp/verlbox/lock/python.pip.txt --mount=type=bind,source=verlbox-build/lock/python.pip.json,target=/tmp/verlbox/lock/python.pip.json --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    . /tmp/verlbox/build-env.sh && python3 -m venv /opt/venv && verlbox_pip python pip==25.1.1 uv==0.9.5
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=bind,source=verlbox-build/lock/python.pip.txt,target=/tmp/verlbox/lock/python.pip.txt \
+    --mount=type=bind,source=verlbox-build/lock/python.pip.json,target=/tmp/verlbox/lock/python.pip.json \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    python3 -m venv /opt/venv && bash /tmp/verlbox/steps/steps.sh pip python pip==25.1.1 uv==0.9.5
 # PyTorch 2.6.0: the largest layer, kept early
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/lock/torch.pip.txt,target=/tmp/verlbox/lock/torch.pip.txt --mount=type=bind,source=verlbox-build/lock/torch.pip.json,target=/tmp/verlbox/lock/torch.pip.json --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    . /tmp/verlbox/build-env.sh && verlbox_pip torch torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=bind,source=verlbox-build/lock/torch.pip.txt,target=/tmp/verlbox/lock/torch.pip.txt \
+    --mount=type=bind,source=verlbox-build/lock/torch.pip.json,target=/tmp/verlbox/lock/torch.pip.json \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    bash /tmp/verlbox/steps/steps.sh pip torch torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
 
 FROM system AS apex-build
 # NVIDIA Apex e13873debc4699d39c6861074b9a3b2a02327f92 from its hashed archive, compiled for sm 6.1 (no GPU
 # is visible during a build, so the architectures come from the recipe). Only the wheel leaves this stage.
 # CUDA toolkit from Debian trixie (main contrib non-free), unpacked at / without apt's dependency resolution
-# the package list is split into words on purpose: names, or name=version lines from the lock
-# hadolint ignore=SC2046
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/lock/apex-compiler.apt.txt,target=/tmp/verlbox/lock/apex-compiler.apt.txt \
-    . /tmp/verlbox/build-env.sh && verlbox_apt_begin \
-    && apt-get update \
-    && apt-get install -y --no-install-recommends $(verlbox_apt_packages apex-compiler g++) \
-    && verlbox_apt_end apex-compiler && rm -rf /var/lib/apt/lists/*
-WORKDIR /tmp/toolkit
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    . /tmp/verlbox/build-env.sh && verlbox_apt_trust_ca \
-    && verlbox_debian_sources trixie main contrib non-free >/etc/apt/sources.list.d/verlbox-toolkit.list \
-    && apt-get update \
-    && apt-get download 'nvidia-cuda-toolkit=12.4.131~12.4.1-2' 'nvidia-cuda-dev=12.4.127~12.4.1-2' 'libnvvm4=12.4.131~12.4.1-2' 'libcudart12=12.4.127~12.4.1-2' libthrust-dev=2.3.2-2 libcub-dev=2.3.2-2 libcu++-dev=2.3.2-2 \
-    && for deb in ./*.deb; do dpkg -x "$deb" /; done \
-    && rm -rf ./*.deb /etc/apt/sources.list.d/verlbox-toolkit.list /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca
-WORKDIR /
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=bind,source=verlbox-build/lock/apex-compiler.apt.txt,target=/tmp/verlbox/lock/apex-compiler.apt.txt \
+    bash /tmp/verlbox/steps/steps.sh apt apex-compiler g++
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    bash /tmp/verlbox/steps/steps.sh toolkit trixie --component=main --component=contrib --component=non-free \
+       'nvidia-cuda-toolkit=12.4.131~12.4.1-2' 'nvidia-cuda-dev=12.4.127~12.4.1-2' 'libnvvm4=12.4.131~12.4.1-2' 'libcudart12=12.4.127~12.4.1-2' libthrust-dev=2.3.2-2 libcub-dev=2.3.2-2 libcu++-dev=2.3.2-2
 ENV CUDA_HOME=/usr
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/lock/apex-build-tools.pip.txt,target=/tmp/verlbox/lock/apex-build-tools.pip.txt --mount=type=bind,source=verlbox-build/lock/apex-build-tools.pip.json,target=/tmp/verlbox/lock/apex-build-tools.pip.json --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    . /tmp/verlbox/build-env.sh && verlbox_pip apex-build-tools packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=bind,source=verlbox-build/lock/apex-build-tools.pip.txt,target=/tmp/verlbox/lock/apex-build-tools.pip.txt \
+    --mount=type=bind,source=verlbox-build/lock/apex-build-tools.pip.json,target=/tmp/verlbox/lock/apex-build-tools.pip.json \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    bash /tmp/verlbox/steps/steps.sh pip apex-build-tools packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4
 RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \
     python3 /tmp/verlbox-apex/apex_build.py /tmp/verlbox-apex/plan.json /tmp/verlbox-apex/apex-e13873debc4699d39c6861074b9a3b2a02327f92.tar.gz /wheels \
     && cp -r /opt/verlbox/build-record /wheels/build-record
@@ -56,9 +72,18 @@ FROM system AS final
 # verl 0.4.1 itself with --no-deps, then its dependencies, each pinned: two steps, one RUN (each
 # RUN that mounts the build's secrets over freshly written layers waits for the engine, ~9 s here);
 # verl first, so that a changed verl file fails the build before 100 other wheels are installed
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/lock/verl.pip.txt,target=/tmp/verlbox/lock/verl.pip.txt --mount=type=bind,source=verlbox-build/lock/verl.pip.json,target=/tmp/verlbox/lock/verl.pip.json --mount=type=bind,source=verlbox-build/lock/verl-deps.pip.txt,target=/tmp/verlbox/lock/verl-deps.pip.txt --mount=type=bind,source=verlbox-build/lock/verl-deps.pip.json,target=/tmp/verlbox/lock/verl-deps.pip.json --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    . /tmp/verlbox/build-env.sh && verlbox_pip verl --no-deps verl==0.4.1 \
-    && verlbox_pip verl-deps \
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=bind,source=verlbox-build/lock/verl.pip.txt,target=/tmp/verlbox/lock/verl.pip.txt \
+    --mount=type=bind,source=verlbox-build/lock/verl.pip.json,target=/tmp/verlbox/lock/verl.pip.json \
+    --mount=type=bind,source=verlbox-build/lock/verl-deps.pip.txt,target=/tmp/verlbox/lock/verl-deps.pip.txt \
+    --mount=type=bind,source=verlbox-build/lock/verl-deps.pip.json,target=/tmp/verlbox/lock/verl-deps.pip.json \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    bash /tmp/verlbox/steps/steps.sh pip verl --no-deps verl==0.4.1 \
+    && bash /tmp/verlbox/steps/steps.sh pip verl-deps \
        accelerate==1.7.0 \
        codetiming==1.4.0 \
        datasets==3.6.0 \
@@ -87,8 +112,15 @@ RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
     && mkdir -p /opt/verlbox/build-record/builder && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/builder/ \
     && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
 # the verlbox runtime: entrypoint, smoke checks and the verl patch set (changes most often: last)
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/lock/runtime.pip.txt,target=/tmp/verlbox/lock/runtime.pip.txt --mount=type=bind,source=verlbox-build/lock/runtime.pip.json,target=/tmp/verlbox/lock/runtime.pip.json --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    . /tmp/verlbox/build-env.sh && verlbox_pip runtime pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=bind,source=verlbox-build/lock/runtime.pip.txt,target=/tmp/verlbox/lock/runtime.pip.txt \
+    --mount=type=bind,source=verlbox-build/lock/runtime.pip.json,target=/tmp/verlbox/lock/runtime.pip.json \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    bash /tmp/verlbox/steps/steps.sh pip runtime pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0
 COPY image-spec.json /opt/verlbox/image-spec.json
 RUN --mount=type=bind,source=verlbox-src,target=/tmp/verlbox-src,rw \
     pip install --no-cache-dir --no-deps --no-build-isolation /tmp/verlbox-src \
@@ -140,13 +172,22 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
 
 # `verlbox bundle`: every file the lock names, fetched by its hash, for builds without a network
 FROM system AS bundle-python
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/bundle,target=/tmp/verlbox/bundle --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    . /tmp/verlbox/build-env.sh && . /tmp/verlbox/bundle/bundle.sh && verlbox_bundle_wheels /bundle/wheels
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    --mount=type=bind,source=verlbox-build/bundle,target=/tmp/verlbox/bundle \
+    bash /tmp/verlbox/steps/steps.sh bundle-wheels /bundle/wheels
 
-FROM debian:bookworm-slim AS bundle-debian
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=bind,source=verlbox-build/bundle,target=/tmp/verlbox/bundle \
-    . /tmp/verlbox/build-env.sh && . /tmp/verlbox/bundle/bundle.sh && verlbox_bundle_debs /bundle/debs /bundle/debian
+FROM system AS bundle-debian
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=bind,source=verlbox-build/bundle,target=/tmp/verlbox/bundle \
+    bash /tmp/verlbox/steps/steps.sh bundle-debs /bundle/debs /bundle/debian
 
 FROM scratch AS bundle
 COPY --from=bundle-python /bundle/ /

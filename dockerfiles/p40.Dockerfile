@@ -11,48 +11,76 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
-# the package list is split into words on purpose: names, or name=version lines from the lock
-# hadolint ignore=SC2046
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false \
-    . /tmp/verlbox/build-env.sh && verlbox_apt_begin \
-    && apt-get update \
-    && apt-get install -y --no-install-recommends $(verlbox_apt_packages python ca-certificates python3 python3-venv python3-dev) \
-    && verlbox_apt_end python && rm -rf /var/lib/apt/lists/* \
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=secret,id=torch_index_url,required=false \
+    bash /tmp/verlbox/steps/steps.sh apt python ca-certificates python3 python3-venv python3-dev \
     && python3 -c 'import sys; assert "%d.%d" % sys.version_info[:2] == sys.argv[1], "base image has Python %d.%d" % sys.version_info[:2]' 3.10
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    . /tmp/verlbox/build-env.sh && python3 -m venv /opt/venv && verlbox_pip python pip==25.1.1 uv==0.9.5
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=secret,id=torch_index_url,required=false \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    python3 -m venv /opt/venv && bash /tmp/verlbox/steps/steps.sh pip python pip==25.1.1 uv==0.9.5
 # cuDNN 8.9.7.29 from NVIDIA's CUDA apt repository: the base holds an older one
-# the package list is split into words on purpose: names, or name=version lines from the lock
-# hadolint ignore=SC2046
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false \
-    . /tmp/verlbox/build-env.sh && verlbox_apt_begin \
-    && apt-get update \
-    && apt-get install -y --no-install-recommends --allow-change-held-packages --allow-downgrades $(verlbox_apt_packages cudnn libcudnn8=8.9.7.29-1+cuda11.8 libcudnn8-dev=8.9.7.29-1+cuda11.8) \
-    && verlbox_apt_end cudnn && rm -rf /var/lib/apt/lists/* \
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=secret,id=torch_index_url,required=false \
+    bash /tmp/verlbox/steps/steps.sh apt --apt-get-option=--allow-change-held-packages --apt-get-option=--allow-downgrades cudnn libcudnn8=8.9.7.29-1+cuda11.8 libcudnn8-dev=8.9.7.29-1+cuda11.8 \
     && apt-mark hold libcudnn8 libcudnn8-dev
 # PyTorch 2.6.0+cu118 from the pytorch-cu118 wheel index: the largest layer, kept early
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    . /tmp/verlbox/build-env.sh && export PIP_INDEX_URL="$VERLBOX_TORCH_INDEX_URL" && verlbox_pip torch torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=secret,id=torch_index_url,required=false \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    bash /tmp/verlbox/steps/steps.sh pip --index=torch torch torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
 
 FROM system AS apex-build
 # NVIDIA Apex e13873debc4699d39c6861074b9a3b2a02327f92 from its hashed archive, compiled for sm 6.1 (no GPU
 # is visible during a build, so the architectures come from the recipe). Only the wheel leaves this stage.
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    . /tmp/verlbox/build-env.sh && verlbox_pip apex-build-tools packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=secret,id=torch_index_url,required=false \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    bash /tmp/verlbox/steps/steps.sh pip apex-build-tools packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4
 RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \
     python3 /tmp/verlbox-apex/apex_build.py /tmp/verlbox-apex/plan.json /tmp/verlbox-apex/apex-e13873debc4699d39c6861074b9a3b2a02327f92.tar.gz /wheels \
     && cp -r /opt/verlbox/build-record /wheels/build-record
 
 FROM system AS final
 # vLLM 0.8.5.post1; kernels for sm 7.0 7.5 8.0 8.6 8.9 9.0
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    . /tmp/verlbox/build-env.sh && export PIP_EXTRA_INDEX_URL="$VERLBOX_TORCH_INDEX_URL" && verlbox_pip vllm https://github.com/vllm-project/vllm/releases/download/v0.8.5.post1/vllm-0.8.5.post1+cu118-cp38-abi3-manylinux1_x86_64.whl torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=secret,id=torch_index_url,required=false \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    bash /tmp/verlbox/steps/steps.sh pip --extra-index=torch vllm https://github.com/vllm-project/vllm/releases/download/v0.8.5.post1/vllm-0.8.5.post1+cu118-cp38-abi3-manylinux1_x86_64.whl torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
 # verl 0.4.1 itself with --no-deps, then its dependencies, each pinned: two steps, one RUN (each
 # RUN that mounts the build's secrets over freshly written layers waits for the engine, ~9 s here);
 # verl first, so that a changed verl file fails the build before 100 other wheels are installed
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    . /tmp/verlbox/build-env.sh && verlbox_pip verl --no-deps verl==0.4.1 \
-    && export PIP_EXTRA_INDEX_URL="$VERLBOX_TORCH_INDEX_URL" && verlbox_pip verl-deps \
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=secret,id=torch_index_url,required=false \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    bash /tmp/verlbox/steps/steps.sh pip verl --no-deps verl==0.4.1 \
+    && bash /tmp/verlbox/steps/steps.sh pip --extra-index=torch verl-deps \
        accelerate==1.7.0 \
        codetiming==1.4.0 \
        datasets==3.6.0 \
@@ -81,8 +109,14 @@ RUN --mount=type=bind,from=apex-build,source=/wheels,target=/tmp/apex-wheels \
     && mkdir -p /opt/verlbox/build-record/builder && cp /tmp/apex-wheels/build-record/apex-* /opt/verlbox/build-record/builder/ \
     && cp /tmp/apex-wheels/verlbox-source.json "$(python -c 'import importlib.metadata as m; print(m.distribution("apex")._path)')/"
 # the verlbox runtime: entrypoint, smoke checks and the verl patch set (changes most often: last)
-RUN --mount=type=bind,source=verlbox-build/build-env.sh,target=/tmp/verlbox/build-env.sh --mount=type=bind,source=verlbox-build/record.py,target=/tmp/verlbox/record.py --mount=type=secret,id=ca_bundle,required=false --mount=type=secret,id=pip_index_url,required=false --mount=type=secret,id=apt_mirror,required=false --mount=type=secret,id=torch_index_url,required=false --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    . /tmp/verlbox/build-env.sh && verlbox_pip runtime pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=secret,id=torch_index_url,required=false \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    bash /tmp/verlbox/steps/steps.sh pip runtime pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0
 COPY image-spec.json /opt/verlbox/image-spec.json
 RUN --mount=type=bind,source=verlbox-src,target=/tmp/verlbox-src,rw \
     pip install --no-cache-dir --no-deps --no-build-isolation /tmp/verlbox-src \

@@ -46,9 +46,15 @@ def test_every_step_of_an_offline_build_runs_without_a_network_and_reads_only_th
     stage = lines.index("FROM system AS apex-build")
     assert lines[stage + 1 : stage + 3] == ["COPY --from=bundle apex/ /wheels/", "FROM system AS final"]
     assert dockerfile.count("ARG SOURCE_DATE_EPOCH") == 2  # the system and final stages
-    pip_runs = [line for line in runs if "verlbox_pip " in line]
+    pip_runs = [line for line in runs if "steps.sh --offline pip " in line]
     assert pip_runs and all("from=bundle,source=wheels" in line for line in pip_runs)
+    apt_runs = [line for line in runs if "steps.sh --offline apt " in line]
+    assert apt_runs and all(
+        "verlbox-build/offline/sources.list,target=/tmp/verlbox/offline.list" in r for r in apt_runs
+    )
     assert "from=bundle,source=debs/python,target=/tmp/verlbox/debs" in dockerfile
+    assert "source=verlbox-build/offline/python.pool.txt,target=/tmp/verlbox/pool.txt" in dockerfile
+    assert all(" --offline " in line for line in runs if "steps.sh" in line)
     assert "bundle-python" not in dockerfile  # the stages that fetch a bundle are the online build's
 
 
@@ -56,8 +62,8 @@ def test_the_online_dockerfile_only_gains_the_bundle_stages_after_final() -> Non
     online = render_dockerfile(BuildPlan(load_recipe("p40-cu124")))
     before, _, after = online.partition("\nFROM system AS bundle-python\n")
     assert after, "a locked recipe renders the bundle stages"
-    assert "--network=none" not in before and "offline-env.sh" not in before
-    assert "pip download --no-deps --require-hashes" not in before  # fetching lives in bundle.sh
+    assert "--network=none" not in before and "--offline" not in before and "offline.list" not in before
+    assert "bundle-wheels" not in before and "bundle-debs" not in before
     stages = re.findall(r"^FROM (\S+) AS (\S+)$", online, flags=re.MULTILINE)
     assert [name for _, name in stages] == ["system", "apex-build", "final", "bundle-python", "bundle-debian", "bundle"]
 

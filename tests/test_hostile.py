@@ -26,6 +26,7 @@ from verlbox.host.bundle import (
     check_debs,
     check_debs_indexed,
     check_files,
+    offline_repository,
     read_manifest,
 )
 from verlbox.host.lock import PipEntry
@@ -425,6 +426,36 @@ def test_each_deb_is_the_one_debian_s_signed_index_in_the_bundle_lists(tmp_path:
         check(debs | _signed_index(unlisted))
     with pytest.raises(UsageError, match=r"no copy of Debian's signed indexes .* run `verlbox bundle` again"):
         check(debs)
+
+
+def test_the_offline_repository_places_each_deb_where_its_signed_index_says(tmp_path: Path) -> None:
+    """The offline build's apt reads a `file:` repository: its sources line and each .deb's place come from
+    the bundle's indexes, and reach a shell and a path inside the build, so only plain names pass."""
+    plan = _offline_plan()
+    debs = _locked_debs(plan)
+    indexes = _signed_index(debs)
+
+    def repository(files: dict[str, bytes]):
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        return offline_repository(folder, read_manifest(write_bundle(folder, plan, files)))
+
+    made = repository(debs | indexes)
+    keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
+    assert made.sources == f"deb [signed-by={keyring}] file:/tmp/verlbox-repo bookworm main\n"
+    first = next(iter(debs))
+    package = first.split("/")[-1].split("_")[0]
+    assert (first.split("/")[-1], f"pool/main/{package}.deb") in made.pools[first.split("/")[1]]
+    assert sum(len(placed) for placed in made.pools.values()) == len(debs)
+    index = "debian/dists/bookworm/main/binary-amd64/Packages"
+    for bad, pattern in (
+        (indexes[index].replace(b"Filename: pool/main/", b"Filename: pool/../../etc/", 1), "no usable place"),
+        (indexes[index].replace(b"Filename: pool/main/", b"Filename: /etc/", 1), "no usable place"),
+    ):
+        with pytest.raises(UsageError, match=pattern):
+            repository(debs | indexes | {index: bad})
+    renamed = {name.replace("/bookworm/", "/Bookworm%0Adeb/"): data for name, data in indexes.items()}
+    with pytest.raises(UsageError, match="not a suite or component name"):
+        repository(debs | renamed)
 
 
 APEX_WHEEL = "apex-0.1-cp311-cp311-linux_x86_64.whl"

@@ -134,7 +134,7 @@ def test_a_locked_plan_mounts_each_steps_slice_only_there(tmp_path: Path) -> Non
     from verlbox.host.render import render_dockerfile
 
     dockerfile = render_dockerfile(BuildPlan(recipe))
-    torch_run = next(block for block in dockerfile.split("\nRUN ") if "verlbox_pip torch " in block)
+    torch_run = next(block for block in dockerfile.split("\nRUN ") if "steps.sh pip torch " in block)
     assert "source=verlbox-build/lock/torch.pip.txt" in torch_run and "verl-deps.pip.txt" not in torch_run
 
 

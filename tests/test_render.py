@@ -63,9 +63,10 @@ def test_cu124_keeps_its_cuda_toolkit_in_the_apex_stage_and_labels_last() -> Non
     assert "vllm" not in text.lower() and "cudnn" not in text.lower()
     apex_stage = text[text.index("FROM system AS apex-build") : text.index("FROM system AS final")]
     final_stage = text[text.index("FROM system AS final") :]
-    assert "'nvidia-cuda-toolkit=12.4.131~12.4.1-2'" in apex_stage and "dpkg -x" in apex_stage
+    assert "steps.sh toolkit trixie --component=main" in apex_stage
+    assert "'nvidia-cuda-toolkit=12.4.131~12.4.1-2'" in apex_stage
     assert "nvidia-cuda" not in final_stage and "CUDA_HOME" not in final_stage
-    assert "verlbox_pip torch torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0" in text
+    assert "steps.sh pip torch torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0" in text
     labels = text[text.index("LABEL ") :]
     for label in (
         'io.verlbox.recipe="p40-cu124"',

@@ -10,6 +10,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.status import Status
@@ -23,9 +24,12 @@ from verlbox.host.reference import ImageReference, parse_tag
 from verlbox.host.sources import BuildSources
 from verlbox.host.staging import remove_dead_builds_tags, staging_tag
 
+if TYPE_CHECKING:  # bundle.py builds through this module
+    from verlbox.host.bundle import OfflineRepository
+
 _STEP_START = re.compile(r"^#(\d+) (\[.+|exporting.+|naming.+|writing.+|unpacking.+)$")
 # what a step line shows: its instruction without mount flags and the CA-trust preamble
-_NOISE = re.compile(r"--mount=\S+\s*|\. /tmp/verlbox/build-env\.sh\s*(&&\s*)?(verlbox_apt_trust_ca\s*(&&\s*)?)?")
+_NOISE = re.compile(r"--mount=\S+\s*|bash /tmp/verlbox/steps/(?=steps\.sh)")
 _STEP_END = re.compile(r"^#(\d+) (DONE [0-9.]+s|CACHED|ERROR.*|CANCELED)$")
 _STEP_ERROR = re.compile(r"^#(\d+) ERROR: ")
 _ECHOED_COMMAND = re.compile(r'process ".*" did not complete successfully')
@@ -114,6 +118,7 @@ def run_buildx(
     progress: str,
     console: Console,
     what: str,
+    offline_repository: OfflineRepository | None = None,
 ) -> list[StepTiming]:
     """`docker buildx build` of PLAN's Dockerfile on a fresh context, steps streamed, the log kept on failure."""
     secret_arguments, secret_environment = sources.secret_arguments()
@@ -124,7 +129,7 @@ def run_buildx(
     log_path = log_directory() / f"{plan.recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}-{token}.log"
     reporter = _StepReporter(console, verbose=progress == "plain")
     with tempfile.TemporaryDirectory(prefix="verlbox-context-") as context:
-        write_context(plan, Path(context), sources)
+        write_context(plan, Path(context), sources, offline_repository)
         command = [docker_cli, "buildx", "build", "--progress", "plain", "--file", str(Path(context) / "Dockerfile")]
         command += arguments + secret_arguments + [context]
         console.print(
@@ -162,13 +167,15 @@ def build_image(
     *,
     sources: BuildSources | None = None,
     bundle: Path | None = None,
+    offline_repository: OfflineRepository | None = None,
     no_cache: bool = False,
     progress: str = "auto",
     console: Console | None = None,
 ) -> BuildResult:
     """Build PLAN's final stage under a temporary tag, then move TAGS to it: a failure leaves every tag as it was.
 
-    An offline plan builds from BUNDLE (a named build context) and is clamped to the lock's date.
+    An offline plan builds from BUNDLE (a named build context), its apt steps from OFFLINE_REPOSITORY (the
+    bundle's signed indexes), and is clamped to the lock's date.
     """
     console = console or Console(stderr=True)
     references = check_tags(tags)
@@ -187,7 +194,15 @@ def build_image(
     started = time.monotonic()
     clamped_tag = staging_tag(plan.recipe.name)
     try:
-        steps = run_buildx(plan, arguments, sources=sources, progress=progress, console=console, what="building")
+        steps = run_buildx(
+            plan,
+            arguments,
+            sources=sources,
+            progress=progress,
+            console=console,
+            what="building",
+            offline_repository=offline_repository,
+        )
         image_id = engine.images.get(temporary_tag).id
         if plan.source_date_epoch is not None:
             with console.status(f"clamping file times to SOURCE_DATE_EPOCH={plan.source_date_epoch}"):

@@ -4,7 +4,8 @@
   base.tar         the base image (`docker save`): the one the lock was made on, kept after its tag is gone
   wheels/          every Python file the lock names, fetched by its sha256
   debs/STEP/       the Debian packages of each of the image's apt steps, at the locked versions
-  debian/dists/    Debian's signed indexes they were fetched against (InRelease, Packages), as apt kept them
+  debian/dists/    Debian's signed indexes they were fetched against (InRelease, Packages), as apt kept them;
+                   an offline build makes a `file:` repository of them that apt checks each .deb against
   apex/            compiled parts (Apex's wheel and its source record), built once, taken by hash
   sources/         the source archives the recipe pins (Apex's)
   manifest.json    the recipe and lock it was made for, the base's image ID, and every file's sha256
@@ -22,6 +23,7 @@ import stat
 import subprocess
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Annotated, Literal
 from urllib.parse import unquote
@@ -264,18 +266,66 @@ def deb_identity(file_name: str) -> tuple[str, str, str]:
     return name, unquote(version), arch
 
 
-def signed_index_hashes(bundle: Path, manifest: Manifest) -> dict[tuple[str, str, str], str]:
-    """Every package the bundle's copy of Debian's Packages indexes lists, with its sha256 there."""
-    listed: dict[tuple[str, str, str], str] = {}
+def index_entries(bundle: Path, manifest: Manifest) -> dict[tuple[str, str, str], dict[str, str]]:
+    """Every package the bundle's copy of Debian's Packages indexes lists, with its fields there."""
+    listed: dict[tuple[str, str, str], dict[str, str]] = {}
     for name in manifest.files:
         if not (name.startswith("debian/dists/") and name.endswith("/Packages")):
             continue
         for stanza in (bundle / name).read_text(encoding="utf-8", errors="replace").split("\n\n"):
             fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " ")
             key = (fields.get("Package", ""), fields.get("Version", ""), fields.get("Architecture", ""))
-            if all(key) and "SHA256" in fields:
-                listed[key] = fields["SHA256"].strip()
+            if all(key):
+                listed[key] = {field: value.strip() for field, value in fields.items()}
     return listed
+
+
+def signed_index_hashes(bundle: Path, manifest: Manifest) -> dict[tuple[str, str, str], str]:
+    """Every package the bundle's copy of Debian's Packages indexes lists, with its sha256 there."""
+    return {key: fields["SHA256"] for key, fields in index_entries(bundle, manifest).items() if "SHA256" in fields}
+
+
+# an archive's suite and component names, and a Packages entry's Filename: written into apt's sources and
+# used as a path inside the offline repository, so plain names and a path under pool/ only
+_ARCHIVE_NAME = re.compile(r"[a-z0-9][a-z0-9.+-]*")
+_POOL_PATH = re.compile(r"pool/(?:[A-Za-z0-9+~_-][A-Za-z0-9.+~_-]*/)+[A-Za-z0-9+~_%-][A-Za-z0-9.+~_%-]*\.deb")
+
+
+@dataclass(frozen=True)
+class OfflineRepository:
+    """What an offline build's apt sees of a bundle: a `file:` repository made of its signed indexes (one
+    sources line per suite) and each step's .debs placed where their Packages entry puts them."""
+
+    sources: str
+    pools: dict[str, list[tuple[str, str]]]  # step -> (.deb file name, path in the repository)
+
+
+def offline_repository(bundle: Path, manifest: Manifest, root: str = "/tmp/verlbox-repo") -> OfflineRepository:
+    components: dict[str, set[str]] = {}
+    for name in manifest.files:
+        parts = name.split("/")
+        if name.startswith("debian/dists/") and len(parts) == 6 and parts[-1] == "Packages":
+            suite, component = parts[2], parts[3]
+            for value in (suite, component):
+                if not _ARCHIVE_NAME.fullmatch(value):
+                    raise UsageError(f"{bundle / name}: {value!r} is not a suite or component name")
+            components.setdefault(suite, set()).add(component)
+    keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
+    sources = "".join(
+        f"deb [signed-by={keyring}] file:{root} {suite} {' '.join(sorted(names))}\n"
+        for suite, names in sorted(components.items())
+    )
+    entries = index_entries(bundle, manifest)
+    pools: dict[str, list[tuple[str, str]]] = {}
+    for name in sorted(manifest.files):
+        if not name.startswith("debs/"):
+            continue
+        _, step, file_name = name.split("/")
+        pool_path = entries.get(deb_identity(file_name), {}).get("Filename", "")
+        if not _POOL_PATH.fullmatch(pool_path):
+            raise UsageError(f"{bundle / name}: its signed index gives no usable place in the archive ({pool_path!r})")
+        pools.setdefault(step, []).append((file_name, pool_path))
+    return OfflineRepository(sources, pools)
 
 
 def check_debs_indexed(bundle: Path, manifest: Manifest) -> None:

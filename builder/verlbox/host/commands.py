@@ -21,6 +21,7 @@ from verlbox.host.recipe import RecipeHead, load_recipe, recipe_names
 from verlbox.host.render import render_dockerfile
 
 if TYPE_CHECKING:
+    from verlbox.host.bundle import OfflineRepository
     from verlbox.host.sources import BuildSources
     from verlbox.runtime.smoke import CheckResult
 
@@ -123,9 +124,10 @@ def build(args: argparse.Namespace) -> int:
     check_tags(args.tag or [])
     if args.skip_space_check and not args.offline:
         raise UsageError("--skip-space-check goes with --offline: only offline builds check the room first")
+    repository = None
     if args.offline:
         bundle = bundle_folder(args.offline)
-        plan, sources = _offline_plan(args, recipe, bundle), _sources(args)
+        (plan, repository), sources = _offline_plan(args, recipe, bundle), _sources(args)
     else:
         plan, sources, bundle = _online_plan(args, recipe), _sources(args), None
     result = build_image(
@@ -133,6 +135,7 @@ def build(args: argparse.Namespace) -> int:
         args.tag or [default_tag(plan)],
         sources=sources,
         bundle=bundle,
+        offline_repository=repository,
         no_cache=args.no_cache,
         progress=args.progress,
         console=err,
@@ -157,8 +160,9 @@ def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
     return BuildPlan(recipe, base_override=base_override)
 
 
-def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) -> BuildPlan:
-    """Room for the build checked, the bundle checked file by file and its base loaded, before any step runs."""
+def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) -> tuple[BuildPlan, OfflineRepository]:
+    """Room for the build checked, the bundle checked file by file and its base loaded, before any step runs;
+    the plan, and the apt repository its signed indexes make."""
     from verlbox.host.bundle import (
         bundle_bytes,
         check_compiled,
@@ -167,6 +171,7 @@ def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) ->
         check_files,
         check_manifest,
         load_base,
+        offline_repository,
         read_manifest,
     )
     from verlbox.host.diskspace import offline_build_need, require_free_space
@@ -187,8 +192,9 @@ def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) ->
     check_debs(bundle, manifest, plan.lock)  # the manifest is only an index: the lock decides the packages
     check_debs_indexed(bundle, manifest)  # each .deb's hash as Debian's signed index lists it (apt checks again)
     check_compiled(plan, bundle, manifest, plan.lock)  # and the compiled wheels, by sha256
+    repository = offline_repository(bundle, manifest)  # apt's sources, and where each .deb goes
     load_base(bundle, manifest, plan.lock, err)
-    return plan
+    return plan, repository
 
 
 def bundle(args: argparse.Namespace) -> int:

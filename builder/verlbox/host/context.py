@@ -11,11 +11,15 @@ import json
 import shutil
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from verlbox import paths
 from verlbox.host.plan import BuildPlan
 from verlbox.host.render import render_dockerfile
 from verlbox.host.sources import BuildSources
+
+if TYPE_CHECKING:  # bundle.py builds through this module
+    from verlbox.host.bundle import OfflineRepository
 
 _IMAGE_PYPROJECT = """\
 # verlbox inside an image: the runtime only needs what the image's runtime step installed.
@@ -52,7 +56,6 @@ def _write_bundle_slices(plan: BuildPlan, directory: Path) -> None:
     assert plan.lock is not None
     for kind in ("pip", "apt"):
         (directory / kind).mkdir(parents=True)
-    (directory / "bundle.sh").write_text(_template_text("bundle.sh"))
     for step in plan.lock.steps:
         if text := plan.lock.slice(step.name, "pip"):
             (directory / "pip" / f"{step.name}.txt").write_text(text)
@@ -60,15 +63,33 @@ def _write_bundle_slices(plan: BuildPlan, directory: Path) -> None:
             (directory / "apt" / f"{step.name}.txt").write_text(text)
 
 
-def write_context(plan: BuildPlan, directory: Path, sources: BuildSources | None = None) -> Path:
+def _write_offline_repository(repository: OfflineRepository, directory: Path) -> None:
+    """apt's sources for the bundle's repository, and per apt step where its .debs go in it (pool.txt)."""
+    directory.mkdir()
+    (directory / "sources.list").write_text(repository.sources)
+    for step, placed in repository.pools.items():
+        (directory / f"{step}.pool.txt").write_text("".join(f"{deb} {path}\n" for deb, path in placed))
+
+
+def write_context(
+    plan: BuildPlan,
+    directory: Path,
+    sources: BuildSources | None = None,
+    offline_repository: OfflineRepository | None = None,
+) -> Path:
     (directory / "Dockerfile").write_text(render_dockerfile(plan))
     tools = directory / "verlbox-build"
     (tools / "lock").mkdir(parents=True)
-    (tools / "build-env.sh").write_text(_template_text("build-env.sh"))
-    shutil.copy2(paths.PACKAGE_DIR / "runtime" / "build_record.py", tools / "record.py")
+    # the build steps, mounted into every installing RUN (a change to them rebuilds every layer)
+    steps = tools / "steps"
+    steps.mkdir()
+    (steps / "steps.sh").write_text(_template_text("steps.sh"))
+    for module in ("build_steps.py", "build_record.py"):
+        shutil.copy2(paths.PACKAGE_DIR / "runtime" / module, steps / module)
     shutil.copy2(paths.PACKAGE_DIR / "runtime" / "compiled_record.py", tools / "compiled.py")
     if plan.offline:
-        (tools / "offline-env.sh").write_text(_template_text("offline-env.sh"))
+        assert offline_repository is not None, "an offline build's context holds its bundle's repository"
+        _write_offline_repository(offline_repository, tools / "offline")
     if plan.bundle_stages and plan.lock:
         _write_bundle_slices(plan, tools / "bundle")
     for step in plan.lock.steps if plan.lock else []:

@@ -178,7 +178,7 @@ def installing_steps(dockerfile: str) -> dict[str, Literal["final", "builder"]]:
     order: dict[str, Literal["final", "builder"]] = {}
     for stage in re.split(r"^FROM ", dockerfile, flags=re.MULTILINE)[1:]:
         name = stage.split("\n", 1)[0].rsplit(" AS ", 1)[-1]
-        for step in re.findall(r"verlbox_(?:pip|apt_end) ([a-z0-9-]+)", stage):
+        for step in re.findall(r"steps\.sh(?: --offline)? (?:pip|apt)(?: '?--[^ ]+)* ([a-z0-9-]+)", stage):
             order[step] = "builder" if name.endswith("-build") else "final"
     return order
 

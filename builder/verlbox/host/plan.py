@@ -82,7 +82,7 @@ class BuildPlan:
     @property
     def torch_extra_index(self) -> str:
         """Later pip installs see torch's own index too, so that the pinned torch stays resolvable."""
-        return 'export PIP_EXTRA_INDEX_URL="$VERLBOX_TORCH_INDEX_URL" && ' if self.torch_index else ""
+        return "--extra-index=torch" if self.torch_index else ""
 
     @property
     def apex(self) -> Apex | None:

@@ -1,6 +1,6 @@
 """Where a build's packages come from: an extra CA bundle, package index URLs, pinned source archives.
 
-The CA bundle and the URLs reach the build as BuildKit secrets, read by build-env.sh inside each RUN:
+The CA bundle and the URLs reach the build as BuildKit secrets, read by build_steps.py inside each RUN:
 never a layer, a label, the image spec or `docker history`, so an index URL may carry a token. A recipe
 names a separate torch index (torch.index); its URL comes from the option or the environment, else
 from verlbox's table of known indexes below (never from the recipe, never kept in the image).

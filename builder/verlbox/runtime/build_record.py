@@ -2,9 +2,8 @@
 file pip installed them from, and Debian packages with their versions. `verlbox lock` turns these
 records into the recipe's lock; `verlbox verify` compares an image with that lock.
 
-Standard library only: build steps run it (`python3 record.py pip STEP REPORT` after
-`pip install --report REPORT`; `python3 record.py apt STEP BEFORE AFTER` around an apt step) before
-verlbox is installed in the image. Records hold names, versions, file names and hashes, never an
+Standard library only: build_steps.py, which every installing step runs before verlbox is installed in
+the image, imports it from the same folder. Records hold names, versions, file names and hashes, never an
 index or mirror URL (an index URL may carry a token); only a URL the recipe itself names is kept.
 """
 
@@ -14,6 +13,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 RECORD_DIR = Path("/opt/verlbox/build-record")
 
@@ -32,7 +32,8 @@ def pip_record(report: dict) -> list[dict]:
         entry = {
             "name": _canonical(metadata["name"]),
             "version": metadata["version"],
-            "file": url.rsplit("/", 1)[-1].split("#", 1)[0],
+            # the file's name only: an index's URL may carry a token in its userinfo or its query
+            "file": unquote(urlsplit(url).path.rsplit("/", 1)[-1]),
             "sha256": hashes.get("sha256", ""),
         }
         if item.get("is_direct") and url.startswith("https://"):
@@ -69,24 +70,17 @@ def read_records(directory: Path = RECORD_DIR) -> dict[str, dict[str, list[dict]
     return steps
 
 
-def _write(step: str, kind: str, entries: list[dict], directory: Path = RECORD_DIR) -> None:
+def write_record(step: str, kind: str, entries: list[dict], directory: Path = RECORD_DIR) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / f"{step}.{kind}.json").write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) >= 3 and argv[0] == "pip":
-        _write(argv[1], "pip", pip_record(json.loads(Path(argv[2]).read_text())))
-    elif len(argv) >= 3 and argv[0] == "copy":  # a locked step: its lock entries are what went in, by hash
-        _write(argv[1], "pip", json.loads(Path(argv[2]).read_text()))
-    elif len(argv) >= 4 and argv[0] == "apt":
-        _write(argv[1], "apt", apt_record(Path(argv[2]).read_text(), Path(argv[3]).read_text()))
-    elif argv[:1] == ["dump"]:
-        # the final image's own steps, and those of build stages whose output it carries (Apex's)
-        print(json.dumps(read_records() | read_records(RECORD_DIR / "builder"), sort_keys=True))
-    else:
-        print(__doc__, file=sys.stderr)
+    if argv != ["dump"]:
+        print("usage: python -m verlbox.runtime.build_record dump", file=sys.stderr)
         return 2
+    # the final image's own steps, and those of build stages whose output it carries (Apex's)
+    print(json.dumps(read_records() | read_records(RECORD_DIR / "builder"), sort_keys=True))
     return 0
 
 

@@ -92,17 +92,11 @@ class Apex(Component):
 {% if c.toolkit %}
 # CUDA toolkit from Debian {{ c.toolkit.suite | q }} ({{ c.toolkit.components | words }}), unpacked at / without apt's dependency resolution
 {{ m.apt_install(plan, "apex-compiler", ["g++"]) }}
-WORKDIR /tmp/toolkit
-{{ m.run(plan) }} verlbox_apt_trust_ca \\
-    && verlbox_debian_sources {{ c.toolkit.suite | q }} {{ c.toolkit.components | words }} >/etc/apt/sources.list.d/verlbox-toolkit.list \\
-    && apt-get update \\
-    && apt-get download {% for name, version in c.toolkit.packages.items() %}{{ (name ~ "=" ~ version) | q }} {% endfor %}\\
-    && for deb in ./*.deb; do dpkg -x "$deb" /; done \\
-    && rm -rf ./*.deb /etc/apt/sources.list.d/verlbox-toolkit.list /var/lib/apt/lists/* /etc/apt/apt.conf.d/99verlbox-ca
-WORKDIR /
+{{ m.run(plan) }}{{ m.steps(plan) }} toolkit {{ c.toolkit.suite | q }}{% for component in c.toolkit.components %} --component={{ component | q }}{% endfor %} \\
+       {{ c.toolkit.packages.items() | map("join", "=") | words }}
 ENV CUDA_HOME={{ c.toolkit.cuda_home | q }}
 {% endif %}
-{{ m.run(plan, "apex-build-tools", "pip") }} verlbox_pip apex-build-tools {{ c.build_requirements.items() | map("join", "==") | words }}
+{{ m.pip(plan, "apex-build-tools") }} {{ c.build_requirements.items() | map("join", "==") | words }}
 RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \\
     python3 /tmp/verlbox-apex/apex_build.py /tmp/verlbox-apex/plan.json /tmp/verlbox-apex/{{ c.archive_name | q }} /wheels \\
     && cp -r /opt/verlbox/build-record /wheels/build-record

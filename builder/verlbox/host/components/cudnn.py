@@ -22,7 +22,7 @@ class Cudnn(Component):
 {% macro system(c, plan) -%}
 # cuDNN {{ c.version | q }} from NVIDIA's CUDA apt repository: the base holds an older one
 {{ m.apt_install(plan, "cudnn", ["libcudnn8=" ~ c.apt_version, "libcudnn8-dev=" ~ c.apt_version],
-                 "--allow-change-held-packages --allow-downgrades") }} \\
+                 ["--allow-change-held-packages", "--allow-downgrades"]) }} \\
     && apt-mark hold libcudnn8 libcudnn8-dev
 {%- endmacro %}
 """

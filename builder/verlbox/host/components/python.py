@@ -33,6 +33,6 @@ ENV DEBIAN_FRONTEND=noninteractive \\
     PATH=/opt/venv/bin:$PATH
 {{ m.apt_install(plan, "python", ["ca-certificates", "python3", "python3-venv", "python3-dev"]) }} \\
     && python3 -c 'import sys; assert "%d.%d" % sys.version_info[:2] == sys.argv[1], "base image has Python %d.%d" % sys.version_info[:2]' {{ c.version | q }}
-{{ m.run(plan, "python", "pip") }} python3 -m venv /opt/venv && verlbox_pip python {{ ("pip==" ~ c.pip) | q }} {{ ("uv==" ~ c.uv) | q }}
+{{ m.run(plan, "python", "pip") }}python3 -m venv /opt/venv && {{ m.steps(plan) }} pip python {{ ("pip==" ~ c.pip) | q }} {{ ("uv==" ~ c.uv) | q }}
 {%- endmacro %}
 """

@@ -27,7 +27,7 @@ class Runtime(Component):
 {% import "_macros.j2" as m %}
 {% macro final(c, plan) -%}
 # the verlbox runtime: entrypoint, smoke checks and the verl patch set (changes most often: last)
-{{ m.run(plan, "runtime", "pip") }} verlbox_pip runtime {{ c.pins_as_requirements() | words }}
+{{ m.pip(plan, "runtime") }} {{ c.pins_as_requirements() | words }}
 COPY image-spec.json /opt/verlbox/image-spec.json
 {{ m.RUN(plan) }} --mount=type=bind,source=verlbox-src,target=/tmp/verlbox-src,rw \\
     pip install --no-cache-dir --no-deps --no-build-isolation /tmp/verlbox-src \\

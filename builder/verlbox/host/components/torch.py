@@ -34,6 +34,6 @@ class Torch(Component):
 {% import "_macros.j2" as m %}
 {% macro system(c, plan) -%}
 # PyTorch {{ c.version | q }}{% if c.index %} from the {{ c.index | q }} wheel index{% endif %}: the largest layer, kept early
-{{ m.run(plan, "torch", "pip") }} {% if c.index %}export PIP_INDEX_URL="$VERLBOX_TORCH_INDEX_URL" && {% endif %}verlbox_pip torch {{ c.requirements() | words }}
+{{ m.pip(plan, "torch", "--index=torch" if c.index else "") }} {{ c.requirements() | words }}
 {%- endmacro %}
 """

@@ -27,8 +27,8 @@ class Verl(Component):
 # verl {{ c.version | q }} itself with --no-deps, then its dependencies, each pinned: two steps, one RUN (each
 # RUN that mounts the build's secrets over freshly written layers waits for the engine, ~9 s here);
 # verl first, so that a changed verl file fails the build before 100 other wheels are installed
-{{ m.run(plan, ["verl", "verl-deps"], "pip") }} verlbox_pip verl --no-deps {{ ("verl==" ~ c.version) | q }} \\
-    && {{ plan.torch_extra_index }}verlbox_pip verl-deps \\
+{{ m.run(plan, ["verl", "verl-deps"], "pip") }}{{ m.steps(plan) }} pip verl --no-deps {{ ("verl==" ~ c.version) | q }} \\
+    && {{ m.steps(plan) }} pip {% if plan.torch_extra_index %}{{ plan.torch_extra_index }} {% endif %}verl-deps \\
 {% for requirement in c.requirements() %}
        {{ requirement | q }} \\
 {% endfor %}

@@ -21,6 +21,6 @@ class Vllm(Component):
 {% import "_macros.j2" as m %}
 {% macro final(c, plan) -%}
 # vLLM {{ c.version | q }}; kernels for sm {{ c.kernels_for | words }}
-{{ m.run(plan, "vllm", "pip") }} {{ plan.torch_extra_index }}verlbox_pip vllm {{ (c.wheel_url or "vllm==" ~ c.version) | q }} {{ plan.recipe.torch.requirements() | words }}
+{{ m.pip(plan, "vllm", plan.torch_extra_index) }} {{ (c.wheel_url or "vllm==" ~ c.version) | q }} {{ plan.recipe.torch.requirements() | words }}
 {%- endmacro %}
 """
