@@ -176,3 +176,28 @@ def test_a_run_that_cannot_start_holds_under_compose_and_exits_with_its_code_whe
 def test_an_unknown_halt_mode_is_named() -> None:
     with pytest.raises(UsageError, match=r"^VERLBOX_ON_HALT=loop: expected exit"):
         supervisor.holds({"VERLBOX_ON_HALT": "loop"})
+
+
+REAPER = """
+import ctypes, os, sys, pathlib
+from verlbox.runtime import supervisor
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come to this process, as to PID 1
+leftover = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+unmarked = "import time; time.sleep(1)"  # a worker started with a clean environment, ending on its own
+verl = [sys.executable, "-c", "import os, subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', {leftover!r}]); "
+        f"subprocess.Popen([sys.executable, '-c', {unmarked!r}], env={{}}); time.sleep(3)"]
+code = supervisor.run_attempt(verl, dict(os.environ), supervisor.StopRequest(), 1.0, None,
+                              lambda text: print(text, file=sys.stderr))
+print(code, [p.name for p in pathlib.Path("/proc").iterdir()
+             if p.name.isdigit() and (p / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(os.getpid())])
+"""
+
+
+def test_processes_verl_left_are_reaped_when_train_is_the_container_s_first_process() -> None:
+    """Without an init (plain `docker run`), `train` is PID 1 and inherits every orphan: one that ignores
+    SIGTERM is killed and collected, one without verlbox's marker that ends on its own is collected too;
+    neither is left a zombie (a subreaper stands in for PID 1 here)."""
+    result = subprocess.run([sys.executable, "-c", REAPER], capture_output=True, text=True, timeout=60, check=False)
+    assert result.stdout.split("\n")[-2] == "0 []", result.stdout + result.stderr
+    assert "ended 1 process(es) verl left running" in result.stderr

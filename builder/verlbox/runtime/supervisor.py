@@ -220,6 +220,7 @@ def run_attempt(
             code = child.wait(timeout=0.5)
             break
         except subprocess.TimeoutExpired:
+            reap_orphans(keep=child.pid)
             if stop.held_since is not None and not told:
                 say(f"stopping once verl has written the checkpoint it is saving (at most {save_grace_s:.0f} s)")
                 told = True
@@ -261,10 +262,37 @@ def end_leftovers(marker: str, grace_s: float = 10.0) -> int:
     for pid in remaining:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-    for pid in first:  # those that became this process's children when their parent died
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
+    # what was killed here and had become this process's child (as PID 1) is collected once it has died
+    deadline = time.monotonic() + 5.0
+    while set(remaining) & set(children_of(os.getpid(), state="S") + children_of(os.getpid(), state="R")):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    reap_orphans()
     return len(first)
+
+
+def reap_orphans(keep: int | None = None) -> None:
+    """Collect this process's exited children other than KEEP (verl itself, which Popen waits for). As a
+    container's PID 1 (`docker run` without --init) every orphan of the container becomes its child, and
+    an exited one stays a zombie until collected."""
+    for pid in children_of(os.getpid(), state="Z"):
+        if pid != keep:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+
+def children_of(parent: int, state: str | None = None) -> list[int]:
+    """PARENT's children (in STATE, e.g. "Z" for exited and not yet collected), from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:  # the fields after the command name, which may itself hold spaces or parentheses
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # not a process, or gone
+            continue
+        if fields[1] == str(parent) and state in (None, fields[0]):
+            found.append(int(entry.name))
+    return found
 
 
 def holds(environ: Mapping[str, str]) -> bool:
