@@ -17,7 +17,7 @@ from verlbox import paths
 from verlbox.runtime import build_steps
 from verlbox.runtime.build_steps import Secrets, StepError
 
-MIRROR = "https://ci:s3cret@mirror.invalid:8443/debian?sig=a&b|c\\d"
+MIRROR = "https://ci:s3cr%40t@mirror.invalid:8443/deb&ian|c\\d"
 
 
 @pytest.fixture
@@ -33,6 +33,7 @@ def etc(tmp_path: Path) -> Path:
         "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\nComponents: main\n"
     )
     (folder / "sources.list.d" / "notes.txt").write_text("not a source\n")
+    (folder / "sources.list.d" / "cuda.list").write_text("deb [signed-by=/c.gpg] https://developer.invalid/cuda /\n")
     return folder
 
 
@@ -46,18 +47,21 @@ def test_the_mirror_replaces_each_archive_uri_in_copies_and_its_login_goes_to_au
         values = option_values(options)
         source_list = Path(values["Dir::Etc::SourceList"])
         parts = Path(values["Dir::Etc::SourceParts"])
-        bare = "https://mirror.invalid:8443/debian?sig=a&b|c\\d"
+        bare = "https://mirror.invalid:8443/deb&ian|c\\d"
         assert source_list.read_text().splitlines() == [
             "# a comment stays",
             f"deb {bare} bookworm main",
             f"deb-src [arch=amd64 signed-by=/k.gpg] {bare} bookworm main",
         ]
         assert f"URIs: {bare}\nSuites: bookworm bookworm-updates" in (parts / "debian.sources").read_text()
-        assert sorted(path.name for path in parts.iterdir()) == ["debian.sources"]
+        assert sorted(path.name for path in parts.iterdir()) == ["cuda.list", "debian.sources"]
+        # another repository's list (NVIDIA's on an Ubuntu base) is not on a Debian mirror: kept as it is
+        assert (parts / "cuda.list").read_text() == (etc / "sources.list.d" / "cuda.list").read_text()
         auth = Path(values["Dir::Etc::netrc"])
-        assert auth.read_text() == "machine https://mirror.invalid:8443/debian login ci password s3cret\n"
+        assert auth.read_text() == "machine https://mirror.invalid:8443/deb&ian|c\\d login ci password s3cr@t\n"
         assert auth.stat().st_mode & 0o077 == 0
-        assert "s3cret" not in " ".join(options) + source_list.read_text() + (parts / "debian.sources").read_text()
+        copies = source_list.read_text() + (parts / "debian.sources").read_text()
+        assert "s3cr" not in " ".join(options) + copies
     assert not source_list.parent.exists(), "the step's copies and its auth.conf are gone after the step"
     assert {path: path.read_text() for path in etc.rglob("*") if path.is_file()} == before
 
@@ -80,7 +84,14 @@ def test_offline_apt_reads_only_the_bundle_repository_and_ignores_valid_until(et
 
 
 @pytest.mark.parametrize(
-    "mirror", ["ftp://t0ken@mirror.invalid/debian", "https://t0ken@mirror.invalid/deb ian", "t0ken"]
+    "mirror",
+    [
+        "ftp://t0ken@mirror.invalid/debian",
+        "https://u:t0ken@mirror.invalid/deb ian",
+        "t0ken",
+        "https://mirror.invalid/debian?t0ken",
+        "https://t0ken@mirror.invalid/debian",  # a login with no password: apt's auth.conf needs both
+    ],
 )
 def test_a_mirror_that_is_not_a_plain_url_stops_the_step_without_echoing_it(etc: Path, mirror: str) -> None:
     with pytest.raises(StepError) as caught, build_steps.apt_options(Secrets(apt_mirror=mirror), etc=etc):
@@ -100,6 +111,8 @@ def test_pip_and_uv_get_the_build_s_index_and_ca_and_offline_only_the_bundle() -
     secrets = Secrets(ca_bundle=Path("/ca.pem"), pip_index_url="https://t:k@pypi.invalid/simple")
     secrets = Secrets(**{**secrets.__dict__, "torch_index_url": "https://torch.invalid/cu124"})
     env = build_steps.pip_environment(secrets, offline=False, index=None, extra_index="torch", base={"PATH": "/bin"})
+    from_image = build_steps.pip_environment(Secrets(), offline=False, index=None, extra_index=None, base=env)
+    assert from_image["UV_INDEX_URL"] == env["PIP_INDEX_URL"]  # uv follows an index the image's ENV gives pip
     assert env["PIP_INDEX_URL"] == env["UV_INDEX_URL"] == "https://t:k@pypi.invalid/simple"
     assert env["PIP_EXTRA_INDEX_URL"] == env["UV_EXTRA_INDEX_URL"] == "https://torch.invalid/cu124"
     assert env["PIP_CERT"] == env["SSL_CERT_FILE"] == "/ca.pem"

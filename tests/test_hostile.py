@@ -208,6 +208,7 @@ def test_other_commands_ignore_the_memory_cap_variable() -> None:
         ("VERLBOX_PIP_INDEX_URL", "https://user:PLANTED-TOKEN@index.example/simple x?token=PLANTED-TOKEN"),
         ("VERLBOX_TORCH_INDEX_URL", "ftp://user:PLANTED-TOKEN@index.example/whl"),
         ("VERLBOX_APT_MIRROR", "https//user:PLANTED-TOKEN@mirror.example/debian"),
+        ("VERLBOX_APT_MIRROR", "https://mirror.example/debian?token=PLANTED-TOKEN"),
     ],
 )
 def test_malformed_source_variables(variable: str, value: str) -> None:

@@ -107,6 +107,39 @@ def test_the_bundle_holds_every_locked_file_with_the_locks_hash(bundle: Path) ->
     assert not [path for path in bundle.rglob("*") if path.is_file() and path.stat().st_uid != os.getuid()]
 
 
+def _tags() -> set[str]:
+    return set(docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}").stdout.splitlines())
+
+
+def test_a_bundle_s_base_is_loaded_from_its_archive_when_the_engine_lacks_that_reference(bundle: Path) -> None:
+    """The archive is read and checked first (one image, the lock's config digest, no other tags), then
+    `docker load`ed: the reference comes back at the lock's image ID, and no other tag on the engine moves.
+    A second tag keeps the base's layers meanwhile, so a failure here cannot cost later tests their base."""
+    from rich.console import Console
+
+    from verlbox.host.bundle import load_base, read_manifest
+    from verlbox.host.plan import BuildPlan
+    from verlbox.host.recipe import load_recipe
+
+    manifest = read_manifest(bundle)
+    reference, image_id = manifest.base.reference, manifest.base.image_id
+    lock = BuildPlan(load_recipe("p40-cu124"), base_override=reference, offline=True).lock
+    assert lock is not None
+    kept = "verlbox-test/base-kept:offline"
+    docker("image", "tag", reference, kept)
+    try:
+        docker("image", "rm", reference)
+        before = _tags()
+        assert load_base(bundle, manifest, lock, Console(quiet=True)) == reference
+        assert docker("image", "inspect", "--format", "{{.Id}}", reference).stdout.strip() == image_id
+        assert _tags() - before == {f"{reference} {image_id.removeprefix('sha256:')[:12]}"}
+        assert before - _tags() == set()
+    finally:
+        if docker("image", "inspect", reference, check=False).returncode != 0:
+            docker("image", "tag", kept, reference)
+        docker("image", "rm", kept)
+
+
 def test_an_offline_build_matches_the_lock(offline_builds: tuple[OfflineBuild, OfflineBuild, set[str]]) -> None:
     result = run_verlbox("verify", OFFLINE_TAG)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -33,11 +33,12 @@ TOKEN = f"planted{secrets.token_hex(12)}"
 TAG = f"verlbox-test/planted-token:{TOKEN[-8:]}"
 
 
-def with_userinfo(url: str, user: str) -> str:
+def planted(url: str, user: str) -> str:
+    """URL with TOKEN as its password and its port written out: the same server, but a name no other source
+    uses, so that the build's output shows which steps fetched through it."""
     parts = urlsplit(url)
-    return urlunsplit(
-        parts._replace(netloc=f"{user}:{TOKEN}@{parts.hostname}" + (f":{parts.port}" if parts.port else ""))
-    )
+    port = parts.port or {"http": 80, "https": 443}[parts.scheme]
+    return urlunsplit(parts._replace(netloc=f"{user}:{TOKEN}@{parts.hostname}:{port}"))
 
 
 def layer_texts(image_tar: bytes) -> dict[str, bytes]:
@@ -75,8 +76,8 @@ def planted_build(docker_engine: object, image: str, tmp_path_factory: pytest.Te
     ca_bundle.write_bytes((HOST_CA_BUNDLE.read_bytes() if HOST_CA_BUNDLE.is_file() else b"") + f"# {TOKEN}\n".encode())
     sources = BuildSources(
         ca_bundle=ca_bundle,
-        pip_index_url=with_userinfo(PyPI.simple_url, "__token__"),
-        apt_mirror=with_userinfo(mirror, "verlbox"),
+        pip_index_url=planted(PyPI.simple_url, "__token__"),
+        apt_mirror=planted(mirror, "verlbox"),
     )
     base = docker("inspect", "--format", '{{index .Config.Labels "io.verlbox.base"}}', image).stdout.strip()
     plan = BuildPlan(load_recipe("p40-cu124"), base_override=base)
@@ -97,13 +98,18 @@ def planted_build(docker_engine: object, image: str, tmp_path_factory: pytest.Te
         prune_build_cache_since(docker_engine, kept)
 
 
-def test_the_planted_build_ran_its_steps_through_the_planted_mirror(planted_build: tuple[str, str]) -> None:
-    """Else the token's absence proves nothing: every step ran (no cache), apt fetched from the mirror."""
+def test_the_planted_build_ran_its_steps_through_the_planted_sources(planted_build: tuple[str, str]) -> None:
+    """Else the token's absence proves nothing: every step ran (no cache), apt fetched through the planted
+    mirror (its port written out: no other source names it so), and uv downloaded torch from an index
+    its cache does not know (uv caches by index URL, and the planted one is new at every run)."""
     output, _ = planted_build
-    mirror_host = urlsplit(mirror_from_apt_sources() or "").hostname
     runs = re.findall(r"^#(\d+) \[system \d+/\d+\] RUN ", output, re.MULTILINE)
     assert len(runs) >= 3 and all(f"\n#{step} DONE " in output for step in runs), output[-3000:]
-    assert re.search(rf"Get:\d+ https?://{re.escape(mirror_host or '?')}[/:]", output), output[-3000:]
+    mirror = urlsplit(mirror_from_apt_sources() or "")
+    planted_mirror = f"{mirror.hostname}:{mirror.port or {'http': 80, 'https': 443}[mirror.scheme]}"
+    fetched = re.findall(r"Get:\d+ https?://(\S+?)/", output)
+    assert fetched and set(fetched) == {planted_mirror}, sorted(set(fetched))
+    assert re.search(r"Downloading torch \(", output), output[-3000:]
 
 
 def test_the_token_is_in_no_layer_config_or_history(planted_build: tuple[str, str]) -> None:

@@ -181,7 +181,8 @@ def test_an_unknown_halt_mode_is_named() -> None:
 REAPER = """
 import ctypes, os, sys, pathlib
 from verlbox.runtime import supervisor
-ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come to this process, as to PID 1
+# PR_SET_CHILD_SUBREAPER: orphans come to this process, as to PID 1
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0, "no subreaper: the test would prove nothing"
 leftover = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
 unmarked = "import time; time.sleep(1)"  # a worker started with a clean environment, ending on its own
 verl = [sys.executable, "-c", "import os, subprocess, sys, time; "

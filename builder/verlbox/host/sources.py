@@ -41,6 +41,14 @@ def _index_url(value: str | None, option: str) -> str | None:
     return value
 
 
+def _apt_mirror(value: str | None) -> str | None:
+    """An index URL, without a query or fragment: apt appends its own paths (dists/...) to the mirror's."""
+    mirror = _index_url(value, "--apt-mirror")
+    if mirror and ("?" in mirror or "#" in mirror):
+        raise UsageError(f"--apt-mirror {shown_url(mirror)!r}: apt appends its paths to the URL, so no '?' or '#'")
+    return mirror
+
+
 def shown_url(value: str) -> str:
     """VALUE as an error may show it: a malformed URL too loses what could be a credential."""
     hidden = "(the value, not shown: it may hold a credential)"
@@ -87,7 +95,7 @@ class BuildSources:
             bundle.resolve() if bundle else None,
             _index_url(pip_index_url or environ.get("VERLBOX_PIP_INDEX_URL"), "--pip-index-url"),
             _index_url(torch_index_url or environ.get("VERLBOX_TORCH_INDEX_URL"), "--torch-index-url"),
-            _index_url(apt_mirror or environ.get("VERLBOX_APT_MIRROR"), "--apt-mirror"),
+            _apt_mirror(apt_mirror or environ.get("VERLBOX_APT_MIRROR")),
             Path(archives) if archives else default_archive_dir(environ),
             _index_url(archives_url or environ.get("VERLBOX_SOURCES_URL"), "--sources-url"),
         )

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 try:  # in a build step, build_record.py is mounted beside this file; verlbox is not installed yet
     import build_record  # type: ignore[import-not-found]
@@ -97,8 +97,9 @@ def pip_environment(
         env |= {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": wheels, "PIP_NO_CACHE_DIR": "1"}
         env |= {"UV_OFFLINE": "1", "UV_NO_INDEX": "1", "UV_FIND_LINKS": wheels, "UV_NO_CACHE": "1"}
         return env
-    primary = secrets.torch_index_url if index == "torch" else secrets.pip_index_url
-    extra = secrets.torch_index_url if extra_index == "torch" else None
+    # without the build's own, uv follows an index the image's environment gives pip (a base's ENV)
+    primary = secrets.torch_index_url if index == "torch" else secrets.pip_index_url or base.get("PIP_INDEX_URL")
+    extra = secrets.torch_index_url if extra_index == "torch" else base.get("PIP_EXTRA_INDEX_URL")
     if index == "torch" and not primary:
         raise StepError("the recipe's torch index has no URL in this build (the torch_index_url secret)")
     if primary:
@@ -165,12 +166,7 @@ def compile_bytecode(names: list[str], epoch: int) -> None:
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         list(pool.map(_compile_slice, [files[i::8] for i in range(8)]))
     for dist in distributions if epoch else []:  # online, the install time is true and builds differ anyway
-        redate_uv_marker(Path(str(dist.locate_file(""))) / dist_info_name(dist), epoch)
-
-
-def dist_info_name(dist: metadata.Distribution) -> str:
-    record = next(path for path in dist.files or [] if path.name == "RECORD")
-    return str(record.parent)
+        redate_uv_marker(Path(dist._path), epoch)  # type: ignore[attr-defined]  # its dist-info folder
 
 
 def redate_uv_marker(info: Path, epoch: int) -> None:
@@ -197,15 +193,19 @@ def redate_uv_marker(info: Path, epoch: int) -> None:
 
 def bare_url(url: str) -> tuple[str, tuple[str, str, str] | None]:
     """URL without its userinfo, and (machine, login, password) for apt's auth.conf when it had one."""
-    if not re.fullmatch(r"(https?|file)://\S+", url):
-        raise StepError("the build's apt mirror is not an http(s):// or file:// URL without spaces")
+    # apt puts its own paths after the URL: a query or fragment would stand before them
+    if not re.fullmatch(r"(https?|file)://[^\s?#]+", url):
+        raise StepError("the build's apt mirror is not an http(s):// or file:// URL without spaces, '?' or '#'")
     parts = urlsplit(url)
-    if parts.username is None:
+    userinfo, _, netloc = parts.netloc.rpartition("@")
+    if not userinfo:
         return url, None
-    netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    login, _, password = (unquote(part) for part in userinfo.partition(":"))
+    if not password or re.search(r"\s", login + password):
+        raise StepError("the build's apt mirror has a login apt cannot take: give it as USER:PASSWORD, no spaces")
     # with its scheme: an entry without one would apply to https only
     machine = f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
-    return urlunsplit(parts._replace(netloc=netloc)), (machine, parts.username, parts.password or "")
+    return urlunsplit(parts._replace(netloc=netloc)), (machine, login, password)
 
 
 def mirrored(text: str, mirror: str, deb822: bool) -> str:
@@ -221,13 +221,14 @@ def mirrored(text: str, mirror: str, deb822: bool) -> str:
 
 
 def first_archive(etc: Path = Path("/etc/apt")) -> str | None:
-    """The first archive URI of the base's own apt sources (deb822 first, then one-line)."""
+    """The first archive URI of the base's distribution sources (deb822 files, then sources.list; another
+    repository's .list in sources.list.d is not the distribution's archive)."""
     for path in sorted((etc / "sources.list.d").glob("*.sources")):
         if match := re.search(r"^URIs:\s*(\S+)", path.read_text(), re.MULTILINE):
             return match.group(1)
-    for path in [etc / "sources.list", *sorted((etc / "sources.list.d").glob("*.list"))]:
-        if path.is_file() and (match := re.search(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+)", path.read_text(), re.MULTILINE)):
-            return match.group(1)
+    main_list = etc / "sources.list"
+    if main_list.is_file() and (match := re.search(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+)", main_list.read_text(), re.M)):
+        return match.group(1)
     return None
 
 
@@ -258,9 +259,13 @@ def apt_options(
             mirror, login = bare_url(secrets.apt_mirror)
             base_list = etc / "sources.list"
             source_list.write_text(mirrored(base_list.read_text(), mirror, False) if base_list.is_file() else "")
+            # the distribution's archive: sources.list and deb822 files; another repository's .list (NVIDIA's
+            # CUDA repository on an Ubuntu base) is not on a Debian mirror, and is kept as it is
             for path in sorted((etc / "sources.list.d").glob("*")):
-                if path.suffix in (".list", ".sources"):
-                    (parts / path.name).write_text(mirrored(path.read_text(), mirror, path.suffix == ".sources"))
+                if path.suffix == ".sources":
+                    (parts / path.name).write_text(mirrored(path.read_text(), mirror, True))
+                elif path.suffix == ".list":
+                    shutil.copyfile(path, parts / path.name)
             _write_auth(folder, login, options)
         else:
             yield options
@@ -281,11 +286,16 @@ def _write_auth(folder: Path, login: tuple[str, str, str] | None, options: list[
 # ---- Debian packages ------------------------------------------------------------------------------------
 
 
+def output_of(command: list[str]) -> str:
+    """COMMAND's standard output (its errors go to the build log); a failure stops the step."""
+    result = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
+    if result.returncode != 0:
+        raise StepError(f"{Path(command[0]).name} failed (exit {result.returncode})")
+    return result.stdout
+
+
 def dpkg_list() -> str:
-    listing = subprocess.run(
-        ["dpkg-query", "-W", "-f", "${Package}=${Version}\\n"], capture_output=True, text=True, check=True
-    )
-    return listing.stdout
+    return output_of(["dpkg-query", "-W", "-f", "${Package}=${Version}\\n"])
 
 
 def place_offline_debs(tools: Path, repository: Path) -> None:
@@ -421,13 +431,10 @@ def fetch_compressed_indexes(dest: Path, options: list[str]) -> None:
     """Each Packages file as the archive serves it too, xz-compressed: an offline apt asks for that one first
     (InRelease lists it first), and a missing one is a hash mismatch. Fetched by apt's own helper, checked
     against the Release file's sha256."""
-    targets = subprocess.run(
-        ["apt-get", *options, "indextargets", "--format", "$(URI)", "Created-By: Packages"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    for uri in targets:
+    targets = output_of(["apt-get", *options, "indextargets", "--format", "$(URI)", "Created-By: Packages"])
+    for uri in targets.split():
+        if "/dists/" not in uri:
+            raise StepError(f"{uri} is not in an archive's dists/: offline builds check Debian's archive only")
         relative = uri.split("/dists/", 1)[1]
         suite, _, inside = relative.partition("/")
         release = next(iter(sorted((dest / "dists" / suite).glob("*Release"))), None)

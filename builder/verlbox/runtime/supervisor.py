@@ -264,8 +264,8 @@ def end_leftovers(marker: str, grace_s: float = 10.0) -> int:
             os.kill(pid, signal.SIGKILL)
     # what was killed here and had become this process's child (as PID 1) is collected once it has died
     deadline = time.monotonic() + 5.0
-    while set(remaining) & set(children_of(os.getpid(), state="S") + children_of(os.getpid(), state="R")):
-        if time.monotonic() > deadline:
+    while set(remaining) & (set(children_of(os.getpid())) - set(children_of(os.getpid(), state="Z"))):
+        if time.monotonic() > deadline:  # one stuck in the kernel (D state): collected after a later attempt
             break
         time.sleep(0.05)
     reap_orphans()
@@ -275,7 +275,8 @@ def end_leftovers(marker: str, grace_s: float = 10.0) -> int:
 def reap_orphans(keep: int | None = None) -> None:
     """Collect this process's exited children other than KEEP (verl itself, which Popen waits for). As a
     container's PID 1 (`docker run` without --init) every orphan of the container becomes its child, and
-    an exited one stays a zombie until collected."""
+    an exited one stays a zombie until collected. (`train` starts no other child while verl runs: one it
+    did would lose its exit status here.)"""
     for pid in children_of(os.getpid(), state="Z"):
         if pid != keep:
             with contextlib.suppress(ChildProcessError):
