@@ -140,7 +140,7 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       io.verlbox.base="debian:bookworm-slim" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="7b16e3d629c54a652cab65f2559f453f7ac50d5a2a0eab66974179b1dd4d7b1e" \
-      io.verlbox.lock.hash="27e5cf79395263b2ee647cdf2de146cd1ed76c773d99edbdfc062c446a308101" \
+      io.verlbox.lock.hash="e4087427694e265b89e0d4dd1dad7f87a1ec8b23dad1a0b001451f664c8b5aef" \
       io.verlbox.pin.cuda="12.4" \
       io.verlbox.pin.python="3.11" \
       io.verlbox.pin.torch="2.6.0" \
@@ -181,6 +181,7 @@ RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
     --mount=type=bind,source=verlbox-build/bundle,target=/tmp/verlbox/bundle \
     bash /tmp/verlbox/steps/steps.sh bundle-wheels /bundle/wheels
 
+# from the system stage (the base plus Python, which build_steps.py needs), whose apt sources are the base's
 FROM system AS bundle-debian
 RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
     --mount=type=secret,id=ca_bundle,required=false \
