@@ -1,20 +1,26 @@
 """A planted token in every secret a build takes (the apt mirror's and pip index's userinfo, the CA bundle)
 is found nowhere afterwards: not in any layer, the image's config and history, its labels, its build
-records, nor in what the build printed.
+records, what the build printed, nor what `verlbox bundle`'s Debian stage writes. The lock is made from
+the records (and a pip report's URLs keep no token: tested below).
 
 Secrets are not part of BuildKit's cache keys, so a warm cache would run no step and the check would
-prove nothing: the system stage (apt, venv, torch: every kind of installing step) is built again with
---no-cache, and its cache records are dropped after.
+prove nothing: the system stage (apt, venv, torch: every kind of installing step) and the bundle's Debian
+stage are run again without their cache, and their cache records are dropped after. Each test also shows
+that the planted sources were used (apt's fetches name the planted mirror).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import secrets
 import subprocess
 import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -24,6 +30,7 @@ from rich.console import Console
 from conftest import HOST_CA_BUNDLE, build_cache_ids, docker, prune_build_cache_since
 from verlbox.host.bootstrap import mirror_from_apt_sources
 from verlbox.host.build import run_buildx
+from verlbox.host.context import write_context
 from verlbox.host.plan import BuildPlan
 from verlbox.host.recipe import load_recipe
 from verlbox.host.sources import BuildSources
@@ -66,28 +73,39 @@ def layer_texts(image_tar: bytes) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def planted_build(docker_engine: object, image: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """The system stage of p40-cu124 built with no cache, every secret carrying TOKEN; (console output, tag)."""
+def planted_sources(tmp_path_factory: pytest.TempPathFactory) -> BuildSources:
+    """Every secret a build takes, each carrying TOKEN: the CA bundle (a comment), the pip index's and
+    the apt mirror's passwords (the same servers the build uses anyway)."""
     mirror = mirror_from_apt_sources()
     if mirror is None:
         pytest.fail("the host's apt sources name no Debian archive: the planted mirror is made from it")
-    folder = tmp_path_factory.mktemp("planted")
-    ca_bundle = folder / "ca.pem"
+    ca_bundle = tmp_path_factory.mktemp("planted") / "ca.pem"
     ca_bundle.write_bytes((HOST_CA_BUNDLE.read_bytes() if HOST_CA_BUNDLE.is_file() else b"") + f"# {TOKEN}\n".encode())
-    sources = BuildSources(
+    return BuildSources(
         ca_bundle=ca_bundle,
         pip_index_url=planted(PyPI.simple_url, "__token__"),
         apt_mirror=planted(mirror, "verlbox"),
     )
+
+
+@pytest.fixture(scope="module")
+def planted_plan(image: str) -> BuildPlan:
     base = docker("inspect", "--format", '{{index .Config.Labels "io.verlbox.base"}}', image).stdout.strip()
-    plan = BuildPlan(load_recipe("p40-cu124"), base_override=base)
+    return BuildPlan(load_recipe("p40-cu124"), base_override=base)
+
+
+@pytest.fixture(scope="module")
+def planted_build(
+    docker_engine: object, planted_sources: BuildSources, planted_plan: BuildPlan
+) -> Iterator[tuple[str, str]]:
+    """The system stage of p40-cu124 built with no cache, every secret carrying TOKEN; (console output, tag)."""
     kept = build_cache_ids(docker_engine)
     said = io.StringIO()
     try:
         run_buildx(
-            plan,
+            planted_plan,
             ["--load", "--target", "system", "--tag", TAG, "--no-cache"],
-            sources=sources,
+            sources=planted_sources,
             progress="plain",
             console=Console(file=said, width=250),
             what="building",
@@ -96,6 +114,36 @@ def planted_build(docker_engine: object, image: str, tmp_path_factory: pytest.Te
     finally:
         docker("rmi", "--force", TAG, check=False)
         prune_build_cache_since(docker_engine, kept)
+
+
+@pytest.fixture(scope="module")
+def planted_bundle_debs(
+    docker_engine: object,
+    planted_sources: BuildSources,
+    planted_plan: BuildPlan,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, Path]]:
+    """`verlbox bundle`'s Debian stage run again (no cache) with the planted secrets, its /bundle exported:
+    apt and its helper fetch through the planted mirror, the login from the step's auth.conf. (Output, folder.)"""
+    kept = build_cache_ids(docker_engine)
+    out = tmp_path_factory.mktemp("planted-debs")
+    with tempfile.TemporaryDirectory(prefix="verlbox-context-") as context:
+        write_context(planted_plan, Path(context), planted_sources)
+        dockerfile = Path(context) / "Dockerfile"
+        dockerfile.write_text(
+            dockerfile.read_text() + "\nFROM scratch AS planted\nCOPY --from=bundle-debian /bundle/ /\n"
+        )
+        arguments, environment = planted_sources.secret_arguments()
+        command = ["docker", "buildx", "build", "--progress", "plain", "--file", str(dockerfile), "--target", "planted"]
+        command += ["--no-cache-filter", "bundle-debian", "--output", f"type=local,dest={out}", *arguments, context]
+        try:
+            result = subprocess.run(
+                command, capture_output=True, text=True, env=os.environ | environment, timeout=900, check=False
+            )
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+            yield result.stdout + result.stderr, out
+        finally:
+            prune_build_cache_since(docker_engine, kept)
 
 
 def test_the_planted_build_ran_its_steps_through_the_planted_sources(planted_build: tuple[str, str]) -> None:
@@ -148,3 +196,19 @@ def test_a_pip_report_from_an_index_with_a_token_records_no_url() -> None:
     }
     record = pip_record(report)
     assert record[0]["file"] == wheel and TOKEN not in json.dumps(record)
+
+
+def fetched_hosts(output: str) -> set[str]:
+    return set(re.findall(r"Get:\d+ https?://(\S+?)/", output))
+
+
+def test_bundle_s_debian_stage_fetches_through_the_planted_mirror_and_keeps_no_token(
+    planted_bundle_debs: tuple[str, Path],
+) -> None:
+    output, folder = planted_bundle_debs
+    mirror = urlsplit(mirror_from_apt_sources() or "")
+    assert fetched_hosts(output) == {f"{mirror.hostname}:{mirror.port or {'http': 80, 'https': 443}[mirror.scheme]}"}
+    files = [path for path in folder.rglob("*") if path.is_file()]
+    assert any(path.suffix == ".deb" for path in files) and any(path.name == "Packages.xz" for path in files)
+    assert TOKEN not in output
+    assert [path for path in files if TOKEN.encode() in path.read_bytes() or TOKEN in str(path)] == []
