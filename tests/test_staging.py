@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,37 @@ def test_only_the_tags_of_dead_builds_on_this_host_are_removed(docker_engine, tm
         assert docker("image", "inspect", users, check=False).returncode == 0
     finally:
         docker("image", "rm", *made, check=False)
+
+
+@pytest.mark.docker
+def test_a_sigterm_to_verlbox_build_stops_buildx_and_leaves_no_staging_tag(
+    docker_engine, tmp_path: Path, sources_dir: Path
+) -> None:
+    """A service manager or `kill` signals verlbox alone, not its process group: buildx (a stand-in here
+    that only sleeps, so the build never ends by itself) is stopped too, and the build says it was
+    interrupted."""
+    fake = tmp_path / "bin" / "docker"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho $$ >"$FAKE_BUILDX_PID"\necho "#1 [internal] load build"\nexec sleep 120\n')
+    fake.chmod(0o755)
+    pid_file = tmp_path / "buildx.pid"
+    before = staging_tags()
+    env = os.environ | {"PATH": f"{fake.parent}:{os.environ['PATH']}", "FAKE_BUILDX_PID": str(pid_file)}
+    build = subprocess.Popen(
+        [sys.executable, "-m", "verlbox.cli", "build", "p40-cu124", "--tag", "verlbox-test/sigterm:never"],
+        env=env | {"VERLBOX_SOURCES": str(sources_dir)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for _ in range(300):
+        if pid_file.is_file() and pid_file.read_text().strip():
+            break
+        time.sleep(0.1)
+    buildx = int(pid_file.read_text())
+    build.send_signal(signal.SIGTERM)
+    _, stderr = build.communicate(timeout=60)
+    assert build.returncode == 130 and "verlbox: interrupted" in stderr, stderr[-2000:]
+    with pytest.raises(ProcessLookupError):
+        os.kill(buildx, 0)
+    assert staging_tags() == before

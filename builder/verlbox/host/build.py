@@ -5,9 +5,13 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import signal
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -138,6 +142,7 @@ def run_buildx(
         with (
             log_path.open("w") as log,
             console.status("starting the build") as reporter.status,
+            stopped_by_sigterm(),
             subprocess.Popen(
                 command,
                 stdout=subprocess.PIPE,
@@ -148,9 +153,16 @@ def run_buildx(
             ) as process,
         ):
             assert process.stdout is not None
-            for line in process.stdout:
-                log.write(line)
-                reporter.feed(line.rstrip("\n"))
+            try:
+                for line in process.stdout:
+                    log.write(line)
+                    reporter.feed(line.rstrip("\n"))
+            except BaseException:
+                # Ctrl-C reaches buildx through the terminal's process group; a SIGTERM to verlbox alone
+                # (a service manager, `kill`) does not: the build stops with verlbox either way
+                process.terminate()
+                process.wait()
+                raise
             returncode = process.wait()
     if returncode != 0:
         raise BuildError(
@@ -159,6 +171,24 @@ def run_buildx(
         )
     log_path.unlink()
     return list(reporter.steps.values())
+
+
+@contextmanager
+def stopped_by_sigterm() -> Iterator[None]:
+    """A SIGTERM becomes KeyboardInterrupt meanwhile, so that the build's clean-up runs (its staging tag
+    removed, buildx stopped) as for Ctrl-C, instead of the process vanishing mid-build."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def build_image(
