@@ -26,11 +26,11 @@ def etc(tmp_path: Path) -> Path:
     folder = tmp_path / "etc-apt"
     (folder / "sources.list.d").mkdir(parents=True)
     (folder / "sources.list").write_text(
-        "# a comment stays\ndeb http://deb.debian.org/debian bookworm main\n"
-        "deb-src [arch=amd64 signed-by=/k.gpg] http://deb.debian.org/debian bookworm main\n"
+        "# a comment stays\ndeb http://archive.invalid/debian bookworm main\n"
+        "deb-src [arch=amd64 signed-by=/k.gpg] http://archive.invalid/debian bookworm main\n"
     )
     (folder / "sources.list.d" / "debian.sources").write_text(
-        "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\nComponents: main\n"
+        "Types: deb\nURIs: http://archive.invalid/debian\nSuites: bookworm bookworm-updates\nComponents: main\n"
     )
     (folder / "sources.list.d" / "notes.txt").write_text("not a source\n")
     (folder / "sources.list.d" / "cuda.list").write_text("deb [signed-by=/c.gpg] https://developer.invalid/cuda /\n")
@@ -100,9 +100,9 @@ def test_a_mirror_that_is_not_a_plain_url_stops_the_step_without_echoing_it(etc:
 
 
 def test_the_toolkit_suite_comes_from_the_base_s_first_archive(etc: Path) -> None:
-    assert build_steps.first_archive(etc) == "http://deb.debian.org/debian"
+    assert build_steps.first_archive(etc) == "http://archive.invalid/debian"
     (etc / "sources.list.d" / "debian.sources").unlink()
-    assert build_steps.first_archive(etc) == "http://deb.debian.org/debian"
+    assert build_steps.first_archive(etc) == "http://archive.invalid/debian"
     (etc / "sources.list").write_text("# nothing\n")
     assert build_steps.first_archive(etc) is None
 
