@@ -26,6 +26,7 @@ from verlbox.host.bundle import (
     check_debs,
     check_debs_indexed,
     check_files,
+    index_entries,
     offline_repository,
     read_manifest,
 )
@@ -416,7 +417,8 @@ def test_each_deb_is_the_one_debian_s_signed_index_in_the_bundle_lists(tmp_path:
 
     def check(files: dict[str, bytes]) -> None:
         folder = tmp_path / str(len(list(tmp_path.iterdir())))
-        check_debs_indexed(folder, read_manifest(write_bundle(folder, plan, files)))
+        manifest = read_manifest(write_bundle(folder, plan, files))
+        check_debs_indexed(folder, manifest, index_entries(folder, manifest))
 
     check(debs | _signed_index(debs))
     first = next(iter(debs))
@@ -438,7 +440,8 @@ def test_the_offline_repository_places_each_deb_where_its_signed_index_says(tmp_
 
     def repository(files: dict[str, bytes]):
         folder = tmp_path / str(len(list(tmp_path.iterdir())))
-        return offline_repository(folder, read_manifest(write_bundle(folder, plan, files)))
+        manifest = read_manifest(write_bundle(folder, plan, files))
+        return offline_repository(folder, manifest, index_entries(folder, manifest))
 
     made = repository(debs | indexes)
     keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"

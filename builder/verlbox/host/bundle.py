@@ -41,6 +41,7 @@ from verlbox.host.reference import full_name
 from verlbox.host.schema import Digest, ImageReference, Sha256, Slug, Strict, fault_lines
 from verlbox.host.sources import BuildSources
 from verlbox.runtime.apex_build import file_sha256
+from verlbox.runtime.build_steps import DEBIAN_KEYRING
 
 BUNDLE_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -136,7 +137,7 @@ def make_bundle(
         # a wheel compiled again here (no cache of the locked build) is not the lock's: no bundle, and why
         check_compiled(plan, partial, manifest, lock, shown_as=out)
         # and what the offline build will hold its .debs to is here, whole: said now, not years later
-        check_debs_indexed(partial, manifest)
+        check_debs_indexed(partial, manifest, index_entries(partial, manifest))
         write_atomically(partial / MANIFEST, manifest.model_dump_json(indent=1) + "\n")
         if out.exists():
             out.rmdir()
@@ -266,9 +267,13 @@ def deb_identity(file_name: str) -> tuple[str, str, str]:
     return name, unquote(version), arch
 
 
-def index_entries(bundle: Path, manifest: Manifest) -> dict[tuple[str, str, str], dict[str, str]]:
-    """Every package the bundle's copy of Debian's Packages indexes lists, with its fields there."""
-    listed: dict[tuple[str, str, str], dict[str, str]] = {}
+IndexEntries = dict[tuple[str, str, str], dict[str, str]]
+
+
+def index_entries(bundle: Path, manifest: Manifest) -> IndexEntries:
+    """Every package the bundle's copy of Debian's Packages indexes lists (by name, version, architecture),
+    with its fields there. Read once per check: the indexes are several MB."""
+    listed: IndexEntries = {}
     for name in manifest.files:
         if not (name.startswith("debian/dists/") and name.endswith("/Packages")):
             continue
@@ -278,11 +283,6 @@ def index_entries(bundle: Path, manifest: Manifest) -> dict[tuple[str, str, str]
             if all(key):
                 listed[key] = {field: value.strip() for field, value in fields.items()}
     return listed
-
-
-def signed_index_hashes(bundle: Path, manifest: Manifest) -> dict[tuple[str, str, str], str]:
-    """Every package the bundle's copy of Debian's Packages indexes lists, with its sha256 there."""
-    return {key: fields["SHA256"] for key, fields in index_entries(bundle, manifest).items() if "SHA256" in fields}
 
 
 # an archive's suite and component names, and a Packages entry's Filename: written into apt's sources and
@@ -300,7 +300,10 @@ class OfflineRepository:
     pools: dict[str, list[tuple[str, str]]]  # step -> (.deb file name, path in the repository)
 
 
-def offline_repository(bundle: Path, manifest: Manifest, root: str = "/tmp/verlbox-repo") -> OfflineRepository:
+def offline_repository(
+    bundle: Path, manifest: Manifest, entries: IndexEntries, root: str = "/tmp/verlbox-repo"
+) -> OfflineRepository:
+    """ENTRIES: the bundle's index_entries."""
     components: dict[str, set[str]] = {}
     for name in manifest.files:
         parts = name.split("/")
@@ -310,12 +313,10 @@ def offline_repository(bundle: Path, manifest: Manifest, root: str = "/tmp/verlb
                 if not _ARCHIVE_NAME.fullmatch(value):
                     raise UsageError(f"{bundle / name}: {value!r} is not a suite or component name")
             components.setdefault(suite, set()).add(component)
-    keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
     sources = "".join(
-        f"deb [signed-by={keyring}] file:{root} {suite} {' '.join(sorted(names))}\n"
+        f"deb [signed-by={DEBIAN_KEYRING}] file:{root} {suite} {' '.join(sorted(names))}\n"
         for suite, names in sorted(components.items())
     )
-    entries = index_entries(bundle, manifest)
     pools: dict[str, list[tuple[str, str]]] = {}
     for name in sorted(manifest.files):
         if not name.startswith("debs/"):
@@ -328,10 +329,10 @@ def offline_repository(bundle: Path, manifest: Manifest, root: str = "/tmp/verlb
     return OfflineRepository(sources, pools)
 
 
-def check_debs_indexed(bundle: Path, manifest: Manifest) -> None:
-    """Each .deb's sha256 is the one the bundle's copy of Debian's signed Packages index lists for it. Said
-    here in one line before any step runs; the authority is apt inside the offline build, which checks
-    that index against InRelease and InRelease against the base's Debian keyring."""
+def check_debs_indexed(bundle: Path, manifest: Manifest, entries: IndexEntries) -> None:
+    """Each .deb's sha256 is the one the bundle's copy of Debian's signed Packages index lists for it
+    (ENTRIES: its index_entries). Said here in one line before any step runs; the authority is apt inside
+    the offline build, which checks that index against InRelease and InRelease against the base's keyring."""
     debs = [name for name in manifest.files if name.startswith("debs/")]
     if not debs:
         return
@@ -339,7 +340,7 @@ def check_debs_indexed(bundle: Path, manifest: Manifest) -> None:
     packages = [n for n in manifest.files if n.startswith("debian/dists/") and n.endswith("/Packages")]
     if missing := [n for n in packages if f"{n}.xz" not in manifest.files]:
         raise UsageError(f"{bundle}/{missing[0]}.xz: missing (the offline build's apt asks for it first)")
-    listed = signed_index_hashes(bundle, manifest) if signed else {}
+    listed = {key: fields["SHA256"] for key, fields in entries.items() if "SHA256" in fields} if signed else {}
     if not listed:
         raise UsageError(
             f"{bundle}: no copy of Debian's signed indexes (debian/dists/*/InRelease and Packages) to check "

@@ -170,6 +170,7 @@ def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) ->
         check_debs_indexed,
         check_files,
         check_manifest,
+        index_entries,
         load_base,
         offline_repository,
         read_manifest,
@@ -190,9 +191,10 @@ def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) ->
         check_files(bundle, manifest)
     assert plan.lock is not None  # an offline plan has a lock
     check_debs(bundle, manifest, plan.lock)  # the manifest is only an index: the lock decides the packages
-    check_debs_indexed(bundle, manifest)  # each .deb's hash as Debian's signed index lists it (apt checks again)
+    entries = index_entries(bundle, manifest)  # the bundle's Packages indexes, read once for both below
+    check_debs_indexed(bundle, manifest, entries)  # each .deb's hash as Debian's signed index lists it (apt too)
     check_compiled(plan, bundle, manifest, plan.lock)  # and the compiled wheels, by sha256
-    repository = offline_repository(bundle, manifest)  # apt's sources, and where each .deb goes
+    repository = offline_repository(bundle, manifest, entries)  # apt's sources, and where each .deb goes
     load_base(bundle, manifest, plan.lock, err)
     return plan, repository
 

@@ -264,7 +264,7 @@ def end_leftovers(marker: str, grace_s: float = 10.0) -> int:
             os.kill(pid, signal.SIGKILL)
     # what was killed here and had become this process's child (as PID 1) is collected once it has died
     deadline = time.monotonic() + 5.0
-    while set(remaining) & (set(children_of(os.getpid())) - set(children_of(os.getpid(), state="Z"))):
+    while (children := children_of(os.getpid())) and any(children.get(pid, "Z") != "Z" for pid in remaining):
         if time.monotonic() > deadline:  # one stuck in the kernel (D state): collected after a later attempt
             break
         time.sleep(0.05)
@@ -277,22 +277,22 @@ def reap_orphans(keep: int | None = None) -> None:
     container's PID 1 (`docker run` without --init) every orphan of the container becomes its child, and
     an exited one stays a zombie until collected. (`train` starts no other child while verl runs: one it
     did would lose its exit status here.)"""
-    for pid in children_of(os.getpid(), state="Z"):
-        if pid != keep:
+    for pid, state in children_of(os.getpid()).items():
+        if state == "Z" and pid != keep:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
 
 
-def children_of(parent: int, state: str | None = None) -> list[int]:
-    """PARENT's children (in STATE, e.g. "Z" for exited and not yet collected), from /proc."""
-    found = []
+def children_of(parent: int) -> dict[int, str]:
+    """PARENT's children with their state ("Z": exited and not yet collected), from /proc."""
+    found = {}
     for entry in Path("/proc").iterdir():
         try:  # the fields after the command name, which may itself hold spaces or parentheses
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):  # not a process, or gone
             continue
-        if fields[1] == str(parent) and state in (None, fields[0]):
-            found.append(int(entry.name))
+        if fields[1] == str(parent):
+            found[int(entry.name)] = fields[0]
     return found
 
 
