@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import venv
 import zipfile
 from pathlib import Path
@@ -192,3 +194,15 @@ def pass_the_gpu_preflight(monkeypatch: pytest.MonkeyPatch, train_module: Any) -
     p40 = preflight.GpuFacts([preflight.GpuDevice("Tesla P40", "6.1", 22.4, 22.2)], ["sm_61"], "12.4", "550.54.14")
     monkeypatch.setattr(train_module, "local_gpu_facts", lambda cap: p40)
     monkeypatch.setattr(train_module, "run_preflight", lambda *args: [preflight.Check("gpu", True, "a fake P40")])
+
+
+def git_shaped_archive(folder: Path, commit: str, files: dict[str, bytes], mtime: int = 0) -> Path:
+    """A `git archive`-shaped tarball: the commit in the pax header, the tree under one folder, each
+    entry with the commit's time (MTIME)."""
+    path = folder / f"apex-{commit}.tar.gz"
+    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT, pax_headers={"comment": commit}) as tar:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(f"apex-{commit}/{name}")
+            info.size, info.mtime = len(data), mtime
+            tar.addfile(info, io.BytesIO(data))
+    return path

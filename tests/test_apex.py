@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import io
 import json
 import os
 import tarfile
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, run_verlbox
+from conftest import REPO, git_shaped_archive, run_verlbox
 from standins import closed_port_url
 from verlbox.host.plan import BuildPlan
 from verlbox.host.recipe import load_recipe
@@ -28,14 +27,7 @@ CLOSED_URL = closed_port_url()
 
 
 def fake_archive(folder: Path, commit: str, setup_py: str) -> Path:
-    """A `git archive`-shaped tarball: the commit in the pax header, the tree under one folder."""
-    path = folder / f"apex-{commit}.tar.gz"
-    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT, pax_headers={"comment": commit}) as tar:
-        data = setup_py.encode()
-        info = tarfile.TarInfo(f"apex-{commit}/setup.py")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    return path
+    return git_shaped_archive(folder, commit, {"setup.py": setup_py.encode()})
 
 
 def test_both_recipes_build_the_same_apex_from_the_same_archive() -> None:

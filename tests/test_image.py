@@ -8,14 +8,17 @@ import re
 import subprocess
 import sys
 import time
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from packaging.utils import canonicalize_name
 
-from conftest import HOST_CA_BUNDLE, IMAGE, REPO, ca_arguments, docker, run_verlbox, staging_tags
+from conftest import HOST_CA_BUNDLE, IMAGE, REPO, ca_arguments, docker, git_shaped_archive, run_verlbox, staging_tags
 from verlbox.host.recipe import load_recipe
+from verlbox.runtime.apex_build import fatbin_architectures, file_sha256
 from verlbox.runtime.patches import patch_set_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -214,11 +217,11 @@ def test_the_final_image_has_apex_but_no_cuda_toolchain(image: str) -> None:
     assert record["archive_sha256"] == load_recipe("p40-cu124").apex.archive_sha256
 
 
-def test_the_fatbin_reader_agrees_with_cuobjdump(image: str, tmp_path: Path) -> None:
-    """In the Apex build stage (which has the toolkit): cuobjdump and smoke's reader list the same SASS."""
+@pytest.fixture(scope="module")
+def apex_stage(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The Apex build stage (it has the toolkit) as an image, from the build's layer cache, and its context."""
     stage = "verlbox-test/apex-build:ci"
-    context = tmp_path / "context"
-    context.mkdir()
+    context = tmp_path_factory.mktemp("apex-stage")
     from verlbox.host.context import write_context
     from verlbox.host.plan import BuildPlan
     from verlbox.host.sources import BuildSources
@@ -226,16 +229,57 @@ def test_the_fatbin_reader_agrees_with_cuobjdump(image: str, tmp_path: Path) -> 
     write_context(BuildPlan(load_recipe("p40-cu124"), "verlbox-base/debian:bookworm-minbase"), context, BuildSources())
     docker("buildx", "build", "--load", "--progress", "plain", "--target", "apex-build", "--tag", stage,
            *ca_secret(), str(context), timeout=3000)  # fmt: skip
-    try:
-        listed = json.loads(docker("run", "--rm", stage, "python3", "-c", CUOBJDUMP_SASS).stdout)
-        mount = f"{context / 'apex'}:/tmp/verlbox-apex:ro"
-        read = json.loads(docker("run", "--rm", "-v", mount, stage, "python3", "-c", READER_SASS).stdout)
-        cuda_extensions = {name for name, archs in listed.items() if archs}
-        assert len(cuda_extensions) == 10 and listed == read
-        assert all(read[name] == ["sm_61"] for name in cuda_extensions)
-        assert "fused_weight_gradient_mlp_cuda" not in read
-    finally:
-        docker("image", "rm", stage, check=False)
+    yield stage, context
+    docker("image", "rm", stage, check=False)
+
+
+def test_the_fatbin_reader_agrees_with_cuobjdump(apex_stage: tuple[str, Path]) -> None:
+    """In the Apex build stage: cuobjdump and smoke's reader list the same SASS."""
+    stage, context = apex_stage
+    listed = json.loads(docker("run", "--rm", stage, "python3", "-c", CUOBJDUMP_SASS).stdout)
+    mount = f"{context / 'apex'}:/tmp/verlbox-apex:ro"
+    read = json.loads(docker("run", "--rm", "-v", mount, stage, "python3", "-c", READER_SASS).stdout)
+    cuda_extensions = {name for name, archs in listed.items() if archs}
+    assert len(cuda_extensions) == 10 and listed == read
+    assert all(read[name] == ["sm_61"] for name in cuda_extensions)
+    assert "fused_weight_gradient_mlp_cuda" not in read
+
+
+# Two compiles in one container, each from its own folder, with other PIDs, at other times.
+COMPILE_TWICE = """
+for run in first second-with-a-longer-name; do
+  mkdir -p /work/$run && cd /work/$run
+  for _ in $(seq 300); do /bin/true; done
+  python3 /tmp/verlbox-apex/apex_build.py /work/plan.json /work/archive/apex-*.tar.gz /work/$run/wheels \
+    >/work/$run.log 2>&1 || { tail -n 40 /work/$run.log; exit 1; }
+  sleep 2
+done
+"""
+
+
+def test_a_cuda_extension_compiles_to_the_same_wheel_twice(apex_stage: tuple[str, Path], tmp_path: Path) -> None:
+    """The Apex stage's compile, with its plan's folder and flags, on a small CUDA extension: one wheel, byte
+    for byte (a whole Apex compile takes too long to run twice; the lock's hash checks the one the build made)."""
+    stage, context = apex_stage
+    source = REPO / "tests" / "fixtures" / "repeatable-extension"
+    commit = "1" * 40
+    (tmp_path / "archive").mkdir()
+    files = {path.name: path.read_bytes() for path in source.iterdir()}
+    archive = git_shaped_archive(tmp_path / "archive", commit, files, mtime=1_700_000_000)
+    shipped = json.loads((context / "apex" / "plan.json").read_text())
+    plan = shipped | {"commit": commit, "archive_sha256": file_sha256(archive), "build_patches": []}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    mounts = ["-v", f"{tmp_path}:/work", "-v", f"{context / 'apex'}:/tmp/verlbox-apex:ro"]
+    compiled = docker("run", "--rm", *mounts, stage, "bash", "-c", COMPILE_TWICE, check=False, timeout=900)
+    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    first, second = (next((tmp_path / run / "wheels").glob("*.whl")) for run in ("first", "second-with-a-longer-name"))
+    assert first.name == second.name == "repeatable_ext-0.1-cp311-cp311-linux_x86_64.whl"
+    assert file_sha256(first) == file_sha256(second)
+    with zipfile.ZipFile(first) as wheel:  # it did compile CUDA code, for the stage's target
+        (shared_object,) = [name for name in wheel.namelist() if name.endswith(".so")]
+        wheel.extract(shared_object, tmp_path / "unpacked")
+        assert {time for info in wheel.infolist() for time in [info.date_time]} == {(2023, 11, 14, 22, 13, 20)}
+    assert fatbin_architectures(tmp_path / "unpacked" / shared_object)["sass"] == ["sm_61"]
 
 
 def test_no_ca_material_in_layers_or_history(image: str) -> None:

@@ -7,9 +7,17 @@ invalidates the cached compile), on a GPU machine without Docker, and inside ima
     python3 apex_build.py PLAN.json ARCHIVE OUT_DIR [WORK_DIR]
 
 PLAN.json is what verlbox's Apex component renders: the commit, the archive's sha256, the target
-architectures, how extensions are requested, and the declared build patches (each replaces an exact
-text a counted number of times, and only for the nvcc versions it names). With WORK_DIR the source is
-unpacked there and kept, so that an interrupted compile resumes where it stopped (ninja).
+architectures, how extensions are requested, the declared build patches (each replaces an exact
+text a counted number of times, and only for the nvcc versions it names), and what makes the compile
+repeatable: the fixed folder it compiles in and the environment it adds (nvcc's flags).
+
+The same plan, archive and toolchain give the same wheel, byte for byte: nvcc hashes a source file's
+absolute path into the names of its anonymous namespaces (so the folder is fixed), names its
+intermediates after its PID unless told to keep them beside the object (`-objtemp`), and the wheel's
+zip entries carry SOURCE_DATE_EPOCH (the commit's time, which `git archive` gives every entry).
+
+With WORK_DIR the source is unpacked there instead and kept, so that an interrupted compile resumes
+where it stopped (ninja); a wheel compiled there is not the one the fixed folder gives.
 """
 
 from __future__ import annotations
@@ -18,11 +26,11 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
 import tarfile
-import tempfile
 from pathlib import Path
 
 SOURCE_RECORD = "verlbox-source.json"
@@ -46,6 +54,12 @@ def archive_commit(archive: Path) -> str:
     """`git archive` writes the commit it was made from into the tar's pax header."""
     with tarfile.open(archive) as tar:
         return tar.pax_headers.get("comment", "")
+
+
+def archive_epoch(archive: Path) -> int:
+    """The commit's time: `git archive` gives it to every entry (the newest entry's, for any other tar)."""
+    with tarfile.open(archive) as tar:
+        return max(int(member.mtime) for member in tar.getmembers())
 
 
 def _section(data: bytes, wanted: str) -> bytes:
@@ -150,6 +164,27 @@ def _prepared_source(archive: Path, workdir: Path, patches: list[dict], cuda: st
     return source, applied
 
 
+def compile_wheel(source: Path, out: Path, plan: dict, source_date_epoch: int) -> None:
+    """`pip wheel` of the unpacked SOURCE into OUT, for the plan's architectures, with its environment."""
+    settings = {
+        "TORCH_CUDA_ARCH_LIST": plan["arch_list"],
+        "MAX_JOBS": str(plan.get("max_jobs") or default_max_jobs()),
+        "SOURCE_DATE_EPOCH": str(source_date_epoch),
+    }
+    env = os.environ | plan["environment"] | settings
+    command = [sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps", "-w", str(out)]
+    if plan["build_style"] == "env":
+        env |= {"APEX_CPP_EXT": "1", "APEX_CUDA_EXT": "1"}
+    else:
+        command += [
+            "--config-settings",
+            "--build-option=--cpp_ext",
+            "--config-settings",
+            "--build-option=--cuda_ext",
+        ]
+    subprocess.run([*command, str(source)], env=env, check=True)
+
+
 def build(plan: dict, archive: Path, out: Path, workdir: Path | None = None) -> dict:
     sha256 = file_sha256(archive)
     if sha256 != plan["archive_sha256"]:
@@ -158,25 +193,16 @@ def build(plan: dict, archive: Path, out: Path, workdir: Path | None = None) -> 
     if commit != plan["commit"]:
         raise ApexBuildError(f"{archive.name} was made from commit {commit or '(none recorded)'}, not {plan['commit']}")
     cuda = nvcc_version()
-    with tempfile.TemporaryDirectory(prefix="apex-src-") as temporary:
-        base = workdir or Path(temporary)
-        base.mkdir(parents=True, exist_ok=True)
-        source, applied = _prepared_source(archive, base, plan["build_patches"], cuda)
-        env = os.environ | {
-            "TORCH_CUDA_ARCH_LIST": plan["arch_list"],
-            "MAX_JOBS": str(plan.get("max_jobs") or default_max_jobs()),
-        }
-        command = [sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps", "-w", str(out)]
-        if plan["build_style"] == "env":
-            env |= {"APEX_CPP_EXT": "1", "APEX_CUDA_EXT": "1"}
-        else:
-            command += [
-                "--config-settings",
-                "--build-option=--cpp_ext",
-                "--config-settings",
-                "--build-option=--cuda_ext",
-            ]
-        subprocess.run([*command, str(source)], env=env, check=True)
+    folder = workdir or Path(plan["build_folder"])
+    if workdir is None:  # a fresh compile: nothing left from another one may reach this wheel
+        shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        source, applied = _prepared_source(archive, folder, plan["build_patches"], cuda)
+        compile_wheel(source, out, plan, archive_epoch(archive))
+    finally:
+        if workdir is None:
+            shutil.rmtree(folder, ignore_errors=True)
     record = {
         "commit": commit,
         "archive_sha256": sha256,

@@ -20,6 +20,11 @@ from verlbox.host.schema import DebianVersion, ExactVersion, GitCommit, HttpsUrl
 from verlbox.runtime.apex_facts import apex_facts
 
 BUILD_REQUIREMENTS = {"packaging": "25.0", "setuptools": "80.9.0", "wheel": "0.45.1", "ninja": "1.11.1.4"}
+# What makes two compiles give one wheel (each found by diffoscope on two clean compiles; apex_build.py
+# says why): one absolute folder for the source, and nvcc's intermediates named after their object, not
+# its PID. Not recipe keys: a wheel compiled otherwise is not the one a lock pins.
+REPEATABLE_BUILD_FOLDER = "/tmp/verlbox-apex-build"
+REPEATABLE_ENVIRONMENT = {"NVCC_APPEND_FLAGS": "-objtemp"}
 
 
 class DebianToolkit(Strict):
@@ -79,6 +84,8 @@ class Apex(Component):
             "build_style": self.build_style,
             "max_jobs": self.max_jobs,
             "build_patches": [patch.model_dump() for patch in facts.patches_for(targets)],
+            "build_folder": REPEATABLE_BUILD_FOLDER,
+            "environment": REPEATABLE_ENVIRONMENT,
         }
 
     def build_plan_json(self, targets: list[str], archive_sha256: str | None = None) -> str:
