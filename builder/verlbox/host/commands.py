@@ -246,12 +246,9 @@ def verify(args: argparse.Namespace) -> int:
     if not reference:
         raise UsageError(f"{args.image} names no recipe (no io.verlbox.recipe label): pass --recipe")
     recipe = load_recipe(reference)
-    comparison = differences(recipe, args.image, labels)
-    found = comparison.differences
+    found = differences(recipe, args.image, labels)
     for difference in found:
         out.print(difference, markup=False)
-    for note in comparison.notes:
-        err.print(f"note: {note}", markup=False)
     if found:
         err.print(f"{args.image} differs from {recipe.lock_path}: {len(found)} difference(s)")
         return 1
@@ -305,11 +302,9 @@ def _lock_check(args: argparse.Namespace, image: str) -> CheckResult:
         return CheckResult("host", "image of this recipe", "failed", mismatch)
     if recipe.lock_path is None or not recipe.lock_path.is_file():
         return CheckResult("host", "matches its lock", "skipped", f"recipe {recipe.name} has no lock yet")
-    comparison = differences(recipe, image, labels)
-    if comparison.differences:
-        return CheckResult("host", "matches its lock", "failed", "; ".join(comparison.differences[:10]))
-    noted = "".join(f"; note: {note}" for note in comparison.notes)
-    return CheckResult("host", "matches its lock", "passed", f"verlbox verify: {recipe.lock_path.name} matches{noted}")
+    if found := differences(recipe, image, labels):
+        return CheckResult("host", "matches its lock", "failed", "; ".join(found[:10]))
+    return CheckResult("host", "matches its lock", "passed", f"verlbox verify: {recipe.lock_path.name} matches")
 
 
 def overrides(args: argparse.Namespace) -> int:

@@ -5,21 +5,20 @@ distribution and version installed (pip's own view inside the image) against the
 Debian package's installed version, and any Debian package the lock does not list (over a
 bootstrapped base, whose packages it lists); the recipe the image was built from; the base's identity
 (registry digest, or for a local base its package list); Apex's recorded source commit against the
-recipe, and its wheel's sha256 against the lock's (a difference for an image built from a bundle; a note
-for one that compiled Apex itself: a compile is not bit-for-bit repeatable, the lock pins the one it saw).
+recipe, and its wheel's sha256 against the lock's (Apex compiles to the same bytes from the same plan,
+archive and toolchain, so a built image and one built from a bundle are held to the same wheel).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import dataclass, field
 
 from packaging.utils import canonicalize_name
 
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.engine import require_cli
-from verlbox.host.lock import Lock, base_identity, image_created, read_lock
+from verlbox.host.lock import Lock, base_identity, read_lock
 from verlbox.host.plan import BuildPlan
 from verlbox.host.recipe import RecipeHead
 
@@ -72,16 +71,9 @@ def other_recipe(recipe: str, image: str, labels: dict[str, str]) -> str | None:
     return f"{image} was built from recipe {built_from}, not {recipe}: name that recipe (or --recipe {built_from})"
 
 
-@dataclass
-class Comparison:
-    differences: list[str]
-    # said, not counted: what an online build may rightly differ in (Apex compiled again)
-    notes: list[str] = field(default_factory=list)
-
-
-def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> Comparison:
+def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> list[str]:
     if mismatch := other_recipe(recipe.name, image, labels):  # every other line would only follow from it
-        return Comparison([mismatch])
+        return [mismatch]
     if recipe.lock_path is None or not recipe.lock_path.is_file():
         raise UsageError(f"recipe {recipe.name} has no lock ({recipe.lock_path}): run `verlbox lock` first")
     lock: Lock = read_lock(recipe.lock_path)
@@ -114,11 +106,11 @@ def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> Compa
     if apex and inside["apex"] != apex.commit:
         found.append(f"apex: image built from {inside['apex'] or 'an unrecorded source'}, recipe pins {apex.commit}")
     found += _base_differences(lock, labels.get("io.verlbox.base"))
-    compiled = _compiled_differences(lock, inside.get("compiled", {}))
-    if compiled and image_created(image) == lock.source_date_epoch:  # built from a bundle: it must be the lock's
-        return Comparison(found + compiled)
-    said = "compiled by this build; a bundle of the lock carries the lock's"
-    return Comparison(found, [f"{line} ({said})" for line in compiled])
+    return found + _compiled_differences(lock, inside.get("compiled", {}))
+
+
+# a compile gives the lock's bytes from the same plan, archive and toolchain; nothing else gives them
+_RECOMPILED = " (compiled from another source, plan or toolchain than the lock's, or the file was swapped)"
 
 
 def _compiled_differences(lock: Lock, inside: dict[str, list[dict[str, str]]]) -> list[str]:
@@ -129,7 +121,7 @@ def _compiled_differences(lock: Lock, inside: dict[str, list[dict[str, str]]]) -
         for name in sorted(set(pinned) | set(have)):
             if pinned.get(name) != have.get(name):
                 locked, built = pinned.get(name) or "absent", have.get(name) or "absent"
-                found.append(f"{block} wheel {name}: lock {locked}, image {built}")
+                found.append(f"{block} wheel {name}: lock {locked}, image {built}{_RECOMPILED}")
     return found
 
 
