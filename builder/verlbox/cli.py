@@ -189,6 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
         sub[name].add_argument("--image", help="default: verlbox/NAME:VERSION")
     sub["lock"].add_argument("--out", help="write the lock here (default: beside a recipe file of yours)")
     sub["smoke"].add_argument("--gpu", action="store_true", help="also run the GPU tier (docker run --gpus all)")
+    sub["smoke"].add_argument(
+        "--learn",
+        action="store_true",
+        help="with the GPU tier (implied): PPO and GRPO must learn a tiny task (minutes)",
+    )
+    sub["smoke"].add_argument(
+        "--model", help="with --learn: also a short GSM8K PPO on this model folder, validated before and after"
+    )
+    sub["smoke"].add_argument("--data", help="with --model: the GSM8K parquet folder (default: ./data/gsm8k)")
     sub["smoke"].add_argument("--json", help="also write the results as JSON to FILE, or to stdout with -")
 
     shell = sub["shell"]
@@ -218,6 +227,17 @@ def build_parser() -> argparse.ArgumentParser:
     checks = sub["smoke-checks"]
     checks.add_argument("--recipe", help="outside an image: the recipe to check against")
     checks.add_argument("--gpu", action="store_true", help="also run the GPU tier (CUDA, Apex, 2 PPO + 2 GRPO steps)")
+    checks.add_argument(
+        "--learn",
+        action="store_true",
+        help="with the GPU tier (implied): PPO and GRPO must learn a tiny task (minutes)",
+    )
+    checks.add_argument(
+        "--model", help="with --learn: also a short GSM8K PPO on this model folder, validated before and after"
+    )
+    checks.add_argument(
+        "--data", help="with --model: the GSM8K parquet folder (default: $VERLBOX_DATA_DIR, else /data/gsm8k)"
+    )
     checks.add_argument("--json", help="write results as JSON to FILE, or to stdout with -")
 
     prepare = sub["prepare-data"]

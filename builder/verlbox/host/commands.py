@@ -261,6 +261,9 @@ def smoke(args: argparse.Namespace) -> int:
     from verlbox.runtime.commands import print_results
     from verlbox.runtime.smoke import CheckResult
 
+    mounts = _real_model_mounts(args.model, args.data)
+    args.learn = args.learn or bool(args.model)
+    args.gpu = args.gpu or args.learn
     image = image_for(args)
     require_image(image, f"build it first: verlbox build {args.recipe}" + ("" if args.image else " (or pass --image)"))
     if args.gpu:
@@ -269,7 +272,9 @@ def smoke(args: argparse.Namespace) -> int:
         require_nvidia_runtime("; or run the CPU tier alone: verlbox smoke without --gpu")
     command = [require_cli(), "run", "--rm", "--shm-size", "2g"]
     command += ["--gpus", "all"] if args.gpu else []
-    command += [image, "smoke-checks", "--json", "-"] + (["--gpu"] if args.gpu else [])
+    command += [*mounts, image, "smoke-checks", "--json", "-"]
+    command += (["--gpu"] if args.gpu else []) + (["--learn"] if args.learn else [])
+    command += ["--model", SMOKE_MODEL, "--data", SMOKE_DATA] if args.model else []
     with err.status(f"running smoke checks in {image}"):
         run = subprocess.run(command, capture_output=True, text=True, check=False)
     try:
@@ -288,6 +293,23 @@ def smoke(args: argparse.Namespace) -> int:
             write_atomically(Path(args.json), report)
         print_results(results)
     return 1 if any(r.status == "failed" for r in results) else 0
+
+
+# where `smoke --model` mounts the user's folders in the container (read-only)
+SMOKE_MODEL, SMOKE_DATA = "/verlbox-smoke/model", "/verlbox-smoke/data"
+
+
+def _real_model_mounts(model: str | None, data: str | None) -> list[str]:
+    """`docker run` mounts of --model and --data (checked here: a bad folder is named before anything starts)."""
+    if not model:
+        if data:
+            raise UsageError("--data goes with --model: it is the GSM8K folder for the run on your model")
+        return []
+    folders = {"--model": (Path(model), SMOKE_MODEL), "--data": (Path(data or "data/gsm8k"), SMOKE_DATA)}
+    for option, (folder, _) in folders.items():
+        if not folder.is_dir():
+            raise UsageError(f"{option} {folder}: no such folder")
+    return [argument for folder, target in folders.values() for argument in ("-v", f"{folder.resolve()}:{target}:ro")]
 
 
 def _lock_check(args: argparse.Namespace, image: str) -> CheckResult:

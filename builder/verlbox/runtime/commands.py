@@ -9,6 +9,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -16,6 +17,9 @@ from rich.table import Table
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
 from verlbox.runtime.spec import SPEC_VARIABLE, ImageSpec, baked_spec
+
+if TYPE_CHECKING:  # smoke imports the training stack: only when its command runs
+    from verlbox.runtime.smoke import RealModel
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -133,23 +137,43 @@ def print_results(results: list, console: Console = out) -> None:
     console.print(table)
 
 
+def _real_model(args: argparse.Namespace) -> RealModel | None:
+    """--model (and --data): the user's model and GSM8K folders, checked before any check runs."""
+    from verlbox.runtime.data import PREPARED
+    from verlbox.runtime.smoke import RealModel
+
+    if not args.model:
+        if args.data:
+            raise UsageError("--data goes with --model: it is the GSM8K folder for the run on your model")
+        return None
+    model = Path(args.model)
+    data = Path(args.data or os.environ.get("VERLBOX_DATA_DIR") or "/data/gsm8k")
+    if not (model / "config.json").is_file():
+        raise UsageError(f"--model {model}: no config.json there (a Hugging Face model folder is expected)")
+    if missing := [name for name in PREPARED if not (data / name).is_file()]:
+        raise UsageError(f"--data {data}: no {', '.join(missing)} (make them with `verlbox prepare-data gsm8k`)")
+    return RealModel(model, data)
+
+
 def smoke_checks(args: argparse.Namespace) -> int:
     from verlbox.runtime.smoke import results_json, run_smoke
 
     spec = _spec(args)
+    real = _real_model(args)
+    learn_too = args.learn or real is not None
     if args.json == "-":
         # verl and transformers print to stdout; keep it clean for the JSON the host reads
         sys.stdout.flush()
         json_out = os.dup(1)
         os.dup2(2, 1)
         try:
-            results = run_smoke(spec, gpu=args.gpu)
+            results = run_smoke(spec, gpu=args.gpu or learn_too, learn_too=learn_too, real=real)
         finally:
             sys.stdout.flush()
             os.dup2(json_out, 1)
         sys.stdout.write(results_json(results) + "\n")
     else:
-        results = run_smoke(spec, gpu=args.gpu)
+        results = run_smoke(spec, gpu=args.gpu or learn_too, learn_too=learn_too, real=real)
         if args.json:
             write_atomically(Path(args.json), results_json(results) + "\n")
         print_results(results)

@@ -122,7 +122,7 @@ def _convert(path: Path, rows: list[dict[str, object]], split: str) -> list[dict
     return converted
 
 
-def _write_parquet(rows: list[dict[str, object]], target: Path) -> bool:
+def write_parquet(rows: list[dict[str, object]], target: Path) -> bool:
     """Write atomically; return False when the file already held exactly these rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -173,4 +173,4 @@ def prepare_gsm8k(source: Path, out: Path, validation_size: int = 256) -> dict[s
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DataError(f"--out {out}: cannot make this folder ({exc.strerror or exc})") from None
-    return {name: (len(rows), _write_parquet(rows, out / f"{name}.parquet")) for name, rows in splits.items()}
+    return {name: (len(rows), write_parquet(rows, out / f"{name}.parquet")) for name, rows in splits.items()}

@@ -11,7 +11,6 @@ import importlib.util
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import sysconfig
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from verlbox.runtime import preflight
+from verlbox.runtime import learn, preflight
 from verlbox.runtime.apex_build import SOURCE_RECORD, fatbin_architectures
 from verlbox.runtime.apex_facts import ApexFacts, apex_facts
 from verlbox.runtime.data import prepare_gsm8k
@@ -32,6 +31,7 @@ from verlbox.runtime.gpu import has_code_for
 from verlbox.runtime.overrides import compose, installed_verl_config_dir
 from verlbox.runtime.patches import PatchState, patch_set_for, verify
 from verlbox.runtime.profile import TrainingPlan, profile_names
+from verlbox.runtime.progress import METRICS_FILE, StepRecord, read_metrics, validation_reward
 from verlbox.runtime.spec import SPEC_VARIABLE, ImageSpec
 from verlbox.runtime.train import merge_overrides, verified_overrides
 
@@ -54,12 +54,22 @@ def pin_matches(installed: str, pinned: str) -> bool:
     return have.public == want.public and (want.local is None or have.local == want.local)
 
 
+@dataclass(frozen=True)
+class RealModel:
+    """A user's own model and GSM8K parquet folder, for the learning check on real data (`--model`)."""
+
+    model: Path
+    data: Path
+    steps: int = 10
+
+
 class SmokeContext:
     """Shared, lazily made inputs: fixtures in one temporary folder, the composed profile config."""
 
-    def __init__(self, spec: ImageSpec, workdir: Path) -> None:
+    def __init__(self, spec: ImageSpec, workdir: Path, real: RealModel | None = None) -> None:
         self.spec = spec
         self.workdir = workdir
+        self.real = real
 
     @cached_property
     def plan(self) -> TrainingPlan:
@@ -82,6 +92,10 @@ class SmokeContext:
     @cached_property
     def model_dir(self) -> Path:
         return make_model(self.workdir / "tiny-qwen2", "tiny")
+
+    @cached_property
+    def task_dir(self) -> Path:
+        return learn.make_task(self.workdir / "learn-task")
 
     @cached_property
     def data_dir(self) -> Path:
@@ -404,7 +418,7 @@ def check_apex(ctx: SmokeContext) -> str:
     return f"{len(checks)} fused-kernel comparisons match torch (closest to its bound: {closest})"
 
 
-_LOSS = re.compile(r"(actor/pg_loss|critic/vf_loss):(\S+)")
+_LOSSES = ("actor/pg_loss", "critic/vf_loss")
 # what every two-step run sets: the tiny model's batches, short sequences, no saves or validation
 _TWO_STEPS = [
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
@@ -417,18 +431,31 @@ _TWO_STEPS = [
     "trainer.test_freq=-1",
     "ray_init.num_cpus=4",
 ]
+RUN_EXPERIMENT = "smoke"
 
 
-def _two_steps(ctx: SmokeContext, profile: str, overrides: list[str], losses_per_step: int) -> str:
-    """Two steps of PROFILE through the real `verlbox train` on the tiny model; its losses logged and finite."""
+@dataclass(frozen=True)
+class TrainRun:
+    returncode: int
+    steps: list[StepRecord]
+    tail: str
+
+
+def train_run(
+    ctx: SmokeContext, profile: str, run: str, data_dir: Path, overrides: list[str], model_dir: Path | None = None
+) -> TrainRun:
+    """PROFILE through the real `verlbox train` (on the tiny model unless MODEL_DIR); each step's metrics as
+    train recorded them (the run folder's metrics.jsonl: the console shows one compact line per step)."""
     _gpu_facts()
+    checkpoints = ctx.workdir / "checkpoints" / run
     env = os.environ | {
-        "VERLBOX_MODEL_DIR": str(ctx.model_dir),
-        "VERLBOX_DATA_DIR": str(ctx.data_dir),
-        "VERLBOX_CHECKPOINT_DIR": str(ctx.workdir / "checkpoints" / profile),
+        "VERLBOX_MODEL_DIR": str(model_dir or ctx.model_dir),
+        "VERLBOX_DATA_DIR": str(data_dir),
+        "VERLBOX_CHECKPOINT_DIR": str(checkpoints),
+        "VERLBOX_EXPERIMENT": RUN_EXPERIMENT,
         SPEC_VARIABLE: str(ctx.spec_file),
     }
-    command = ["train", "--profile", profile, "--gpus-per-node", "1", "--", *_TWO_STEPS, *overrides]
+    command = ["train", "--profile", profile, "--gpus-per-node", "1", "--", *overrides]
     result = subprocess.run(
         [sys.executable, "-m", "verlbox.cli", *command],
         capture_output=True,
@@ -437,10 +464,23 @@ def _two_steps(ctx: SmokeContext, profile: str, overrides: list[str], losses_per
         env=env,
         timeout=900,
     )
-    losses = [(name, float(value)) for name, value in _LOSS.findall(result.stdout)]
-    if result.returncode != 0 or len(losses) < 2 * losses_per_step:
-        tail = (result.stdout + result.stderr).strip().splitlines()[-5:]
-        raise AssertionError(f"exit {result.returncode}, {len(losses)} losses logged: {' | '.join(tail)}")
+    metrics = checkpoints / RUN_EXPERIMENT / METRICS_FILE
+    steps = read_metrics(metrics) if metrics.is_file() else []
+    tail = " | ".join((result.stdout + result.stderr).strip().splitlines()[-5:])
+    return TrainRun(result.returncode, steps, tail)
+
+
+def losses_of(steps: list[StepRecord]) -> list[tuple[str, float]]:
+    """The actor's and critic's losses of each recorded step, in order."""
+    return [(name, step.metrics[name]) for step in steps for name in _LOSSES if name in step.metrics]
+
+
+def _two_steps(ctx: SmokeContext, profile: str, overrides: list[str], losses_per_step: int) -> str:
+    """Two steps of PROFILE on the tiny model; its losses recorded and finite."""
+    run = train_run(ctx, profile, profile, ctx.data_dir, [*_TWO_STEPS, *overrides])
+    losses = losses_of(run.steps)
+    if run.returncode != 0 or len(losses) < 2 * losses_per_step:
+        raise AssertionError(f"exit {run.returncode}, {len(losses)} losses recorded: {run.tail}")
     if not all(math.isfinite(value) for _, value in losses):
         raise AssertionError(f"non-finite losses: {losses}")
     return f"2 steps of profile {profile}, finite losses: " + ", ".join(f"{n}={v:.4g}" for n, v in losses)
@@ -467,6 +507,55 @@ def check_grpo_two_steps(ctx: SmokeContext) -> str:
     return _two_steps(ctx, "grpo", overrides, losses_per_step=1)
 
 
+def learning_run(
+    ctx: SmokeContext, algorithm: str, run: str, extra: tuple[str, ...] = ()
+) -> tuple[TrainRun, learn.Verdict]:
+    """ALGORITHM's profile (the image's PPO profile, or grpo) on the learnable task, 40 steps; EXTRA
+    overrides come after the task's (a sabotage, say)."""
+    profile = ctx.spec.profile if algorithm == "ppo" else algorithm
+    overrides = [*learn.TASK_OVERRIDES, *learn.ALGORITHM_OVERRIDES[algorithm], *extra]
+    result = train_run(ctx, profile, run, ctx.task_dir, overrides)
+    scores = [step.metrics[learn.SCORE] for step in result.steps if learn.SCORE in step.metrics]
+    return result, learn.judge(scores)
+
+
+def _learns(ctx: SmokeContext, algorithm: str) -> str:
+    run, verdict = learning_run(ctx, algorithm, f"learn-{algorithm}")
+    if run.returncode != 0 or not verdict.learned:
+        raise AssertionError(f"exit {run.returncode}, {verdict.describe()}: {run.tail}")
+    return verdict.describe()
+
+
+def check_real_model(ctx: SmokeContext) -> str:
+    """The image's PPO profile as shipped on the user's model and GSM8K, a few steps, validated before and
+    after: what it reports is the user's to judge (a short run need not move a real model far)."""
+    if ctx.real is None:
+        raise Skip("no --model given")
+    steps = ctx.real.steps
+    overrides = [
+        f"trainer.total_training_steps={steps}",
+        f"trainer.test_freq={steps}",
+        "trainer.val_before_train=True",
+        "trainer.save_freq=-1",
+    ]
+    run = train_run(ctx, ctx.spec.profile, "real-model", ctx.real.data, overrides, ctx.real.model)
+    validated = [(step.step, score) for step in run.steps if (score := validation_reward(step.metrics)) is not None]
+    if run.returncode != 0 or len(validated) < 2:
+        raise AssertionError(f"exit {run.returncode}, {len(validated)} validations recorded: {run.tail}")
+    (first_step, before), (last_step, after) = validated[0], validated[-1]
+    return (
+        f"{ctx.real.model.name}: validation reward {before:.3f} (step {first_step}) -> {after:.3f} (step {last_step})"
+    )
+
+
+def check_ppo_learns(ctx: SmokeContext) -> str:
+    return _learns(ctx, "ppo")
+
+
+def check_grpo_learns(ctx: SmokeContext) -> str:
+    return _learns(ctx, "grpo")
+
+
 CPU_CHECKS: list[tuple[str, Callable[[SmokeContext], str]]] = [
     ("pins match the recipe", check_pins),
     ("dependencies consistent", check_dependencies),
@@ -489,13 +578,20 @@ GPU_CHECKS: list[tuple[str, Callable[[SmokeContext], str]]] = [
     ("2-step PPO (tiny model)", check_ppo_two_steps),
     ("2-step GRPO (tiny model)", check_grpo_two_steps),
 ]
+# --learn: minutes on one GPU, so asked for
+LEARN_CHECKS: list[tuple[str, Callable[[SmokeContext], str]]] = [
+    ("PPO learns (tiny task)", check_ppo_learns),
+    ("GRPO learns (tiny task)", check_grpo_learns),
+    ("PPO on your model (GSM8K)", check_real_model),
+]
 
 
-def run_smoke(spec: ImageSpec, gpu: bool) -> list[CheckResult]:
+def run_smoke(spec: ImageSpec, gpu: bool, learn_too: bool = False, real: RealModel | None = None) -> list[CheckResult]:
     results = []
     with tempfile.TemporaryDirectory(prefix="verlbox-smoke-") as workdir:
-        ctx = SmokeContext(spec, Path(workdir))
+        ctx = SmokeContext(spec, Path(workdir), real)
         tiers = [("cpu", CPU_CHECKS)] + ([("gpu", GPU_CHECKS)] if gpu else [])
+        tiers += [("gpu", LEARN_CHECKS)] if gpu and learn_too else []
         for tier, checks in tiers:
             for name, check in checks:
                 try:
@@ -506,6 +602,8 @@ def run_smoke(spec: ImageSpec, gpu: bool) -> list[CheckResult]:
                     results.append(CheckResult(tier, name, "failed", f"{type(exc).__name__}: {exc}"))
         if not gpu:
             results.append(CheckResult("gpu", "GPU tier", "skipped", "not requested (--gpu)"))
+        elif not learn_too:
+            results.append(CheckResult("gpu", "learning (tiny task)", "skipped", "not requested (--learn)"))
     return results
 
 
