@@ -134,7 +134,7 @@ def make_bundle(
             base=BundleBase(reference=plan.base_image, image_id=base_id),
             files=files,
         )
-        # a wheel compiled from another source, plan or toolchain is not the lock's: no bundle, and why
+        # a wheel that is not the lock's compile: no bundle, and why
         check_compiled(plan, partial, manifest, lock, shown_as=out)
         # and what the offline build will hold its .debs to is here, whole: said now, not years later
         check_debs_indexed(partial, manifest, index_entries(partial, manifest))
@@ -379,7 +379,7 @@ def check_compiled(plan: BuildPlan, bundle: Path, manifest: Manifest, lock: Lock
                 raise UsageError(
                     f"{shown}/{block.name}/{name}: sha256 {digest} is not a {block.name} wheel the lock pins "
                     f"({_some([f'{file} {sha[:12]}' for file, sha in sorted(pinned.items())])}): "
-                    f"{block.name} was compiled from another source, plan or toolchain, or the file was swapped"
+                    "another source, plan or toolchain, a compile that did not repeat, or a swapped file"
                 )
         if missing := sorted(set(pinned) - set(carried)):
             raise UsageError(f"{shown}/{block.name}: no {_some(missing)} (the lock's)")

@@ -109,8 +109,11 @@ def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> list[
     return found + _compiled_differences(lock, inside.get("compiled", {}))
 
 
-# a compile gives the lock's bytes from the same plan, archive and toolchain; nothing else gives them
-_RECOMPILED = " (compiled from another source, plan or toolchain than the lock's, or the file was swapped)"
+# the same plan, archive and toolchain compiled the lock's bytes in every clean build but one measured
+# (docs/benchmarks.md): a differing wheel is named, with what can cause it
+_RECOMPILED = (
+    " (not the lock's compile: another source, plan or toolchain, a compile that did not repeat, or a swapped file)"
+)
 
 
 def _compiled_differences(lock: Lock, inside: dict[str, list[dict[str, str]]]) -> list[str]:
