@@ -245,11 +245,13 @@ def test_the_fatbin_reader_agrees_with_cuobjdump(apex_stage: tuple[str, Path]) -
     assert "fused_weight_gradient_mlp_cuda" not in read
 
 
-# Two compiles in one container, each from its own folder, with other PIDs, at other times.
+# Two compiles in one container, each from its own folder, with other PIDs, at other times, torch's
+# headers touched in between (as a second install of torch dates them).
 COMPILE_TWICE = """
 for run in first second-with-a-longer-name; do
   mkdir -p /work/$run && cd /work/$run
   for _ in $(seq 300); do /bin/true; done
+  find /opt/venv/lib/python3*/site-packages/torch/include -type f -exec touch {} +
   python3 /tmp/verlbox-apex/apex_build.py /work/plan.json /work/archive/apex-*.tar.gz /work/$run/wheels \
     >/work/$run.log 2>&1 || { tail -n 40 /work/$run.log; exit 1; }
   sleep 2

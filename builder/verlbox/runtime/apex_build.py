@@ -13,16 +13,21 @@ repeatable: the fixed folder it compiles in and the environment it adds (nvcc's 
 
 The same plan, archive and toolchain give the same wheel, byte for byte: nvcc hashes a source file's
 absolute path into the names of its anonymous namespaces (so the folder is fixed), names its
-intermediates after its PID unless told to keep them beside the object (`-objtemp`), and the wheel's
-zip entries carry SOURCE_DATE_EPOCH (the commit's time, which `git archive` gives every entry).
+intermediates after its PID unless told to keep them beside the object (`-objtemp`), and with
+`-lineinfo` (amp_C asks for it) records the modification time of every header in the device code's
+line table: torch's headers carry the time pip installed them, so their times are set to the commit's
+first (apt's and the toolkit's headers keep their packages' times). The wheel's zip entries carry
+SOURCE_DATE_EPOCH, the commit's time too (which `git archive` gives every entry).
 
 With WORK_DIR the source is unpacked there instead and kept, so that an interrupted compile resumes
-where it stopped (ninja); a wheel compiled there is not the one the fixed folder gives.
+where it stopped (ninja), and torch's header times are left alone (a machine's own torch): a wheel
+compiled so is not the one the image's build stage gives.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -164,6 +169,19 @@ def _prepared_source(archive: Path, workdir: Path, patches: list[dict], cuda: st
     return source, applied
 
 
+def clamp_header_times(epoch: int) -> int:
+    """Set the times of torch's installed headers to EPOCH (nvcc records them); how many files."""
+    spec = importlib.util.find_spec("torch")  # found, not imported: this script needs no torch itself
+    if spec is None or not spec.submodule_search_locations:
+        raise ApexBuildError("torch is not installed here: Apex builds against it")
+    clamped = 0
+    for root, _, files in os.walk(Path(spec.submodule_search_locations[0]) / "include"):
+        for name in files:
+            os.utime(Path(root) / name, (epoch, epoch), follow_symlinks=False)
+            clamped += 1
+    return clamped
+
+
 def compile_wheel(source: Path, out: Path, plan: dict, source_date_epoch: int) -> None:
     """`pip wheel` of the unpacked SOURCE into OUT, for the plan's architectures, with its environment."""
     settings = {
@@ -197,9 +215,12 @@ def build(plan: dict, archive: Path, out: Path, workdir: Path | None = None) -> 
     if workdir is None:  # a fresh compile: nothing left from another one may reach this wheel
         shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
+    epoch = archive_epoch(archive)
+    if workdir is None:  # in the image's build stage: its torch is the stage's own
+        clamp_header_times(epoch)
     try:
         source, applied = _prepared_source(archive, folder, plan["build_patches"], cuda)
-        compile_wheel(source, out, plan, archive_epoch(archive))
+        compile_wheel(source, out, plan, epoch)
     finally:
         if workdir is None:
             shutil.rmtree(folder, ignore_errors=True)
