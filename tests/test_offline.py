@@ -216,7 +216,7 @@ def test_a_crafted_bundle_is_refused_in_one_line_before_any_step_and_the_engine_
     bundle: Path, tmp_path: Path, change: Callable[[Path], object], refusal: str
 ) -> None:
     crafted = _crafted(bundle, tmp_path / "crafted", change)
-    images = docker("image", "ls", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}").stdout
+    images = _images()
     command = ["build", "p40-cu124", "--offline", str(crafted), "--skip-space-check", "--tag", OFFLINE_TAG]
     try:
         result = run_verlbox(*command)
@@ -224,8 +224,15 @@ def test_a_crafted_bundle_is_refused_in_one_line_before_any_step_and_the_engine_
         shutil.rmtree(crafted)  # hard links: they would keep the genuine bundle's 3.4 GiB after it is gone
     assert result.returncode == 2, result.stderr[-3000:]
     assert len(result.stderr.strip().splitlines()) == 1 and refusal in result.stderr, result.stderr[-3000:]
-    after = docker("image", "ls", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}").stdout
-    assert after == images
+    assert _images() == images
+
+
+def _images() -> set[str]:
+    """Every image on the engine with its names; a set: `image ls` orders images created at the same second
+    (an offline build is dated to the lock's build) in no fixed order."""
+    return set(
+        docker("image", "ls", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}").stdout.split("\n")
+    )
 
 
 def _tamper_a_deb_and_its_index_entry(folder: Path) -> None:
