@@ -249,11 +249,11 @@ def test_the_fatbin_reader_agrees_with_cuobjdump(apex_stage: tuple[str, Path]) -
 # headers touched in between (as a second install of torch dates them).
 COMPILE_TWICE = """
 for run in first second-with-a-longer-name; do
-  mkdir -p /work/$run && cd /work/$run
+  mkdir -p /exercise/$run && cd /exercise/$run
   for _ in $(seq 300); do /bin/true; done
   find /opt/venv/lib/python3*/site-packages/torch/include -type f -exec touch {} +
-  python3 /tmp/verlbox-apex/apex_build.py /work/plan.json /work/archive/apex-*.tar.gz /work/$run/wheels \
-    >/work/$run.log 2>&1 || { tail -n 40 /work/$run.log; exit 1; }
+  python3 /tmp/verlbox-apex/apex_build.py /exercise/plan.json /exercise/archive/apex-*.tar.gz /exercise/$run/wheels \
+    >/exercise/$run.log 2>&1 || { tail -n 40 /exercise/$run.log; exit 1; }
   sleep 2
 done
 """
@@ -271,7 +271,7 @@ def test_a_cuda_extension_compiles_to_the_same_wheel_twice(apex_stage: tuple[str
     shipped = json.loads((context / "apex" / "plan.json").read_text())
     plan = shipped | {"commit": commit, "archive_sha256": file_sha256(archive), "build_patches": []}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    mounts = ["-v", f"{tmp_path}:/work", "-v", f"{context / 'apex'}:/tmp/verlbox-apex:ro"]
+    mounts = ["-v", f"{tmp_path}:/exercise", "-v", f"{context / 'apex'}:/tmp/verlbox-apex:ro"]
     compiled = docker("run", "--rm", *mounts, stage, "bash", "-c", COMPILE_TWICE, check=False, timeout=900)
     assert compiled.returncode == 0, compiled.stdout + compiled.stderr
     first, second = (next((tmp_path / run / "wheels").glob("*.whl")) for run in ("first", "second-with-a-longer-name"))
