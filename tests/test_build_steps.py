@@ -223,3 +223,34 @@ def test_a_failing_step_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert result.returncode == 1 and result.stderr.strip().splitlines() == [
         "verlbox: the lock has no Python files for step nothing-locked: an offline build installs only the lock"
     ]
+
+
+def test_a_venv_whose_pip_has_no_report_records_the_python_step_as_a_newer_pip_does(tmp_path: Path) -> None:
+    """The p40 base's rehearsal: Ubuntu 22.04's `python3 -m venv` gives pip 22.0.2, older than --report.
+    The real python step, run by that venv's interpreter with the host's package index, installs the
+    recipe's pip pin first and records pip and uv as a venv with a newer pip records them."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "pip==22.0.2"], check=True)
+    version = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, text=True, check=True).stdout
+    assert version.startswith("pip 22.0.2 ")
+    script = paths.PACKAGE_DIR / "runtime" / "build_steps.py"
+    records = tmp_path / "records"
+    driver = (
+        "import os, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); import build_steps; "
+        "build_steps.install_python('python', sys.argv[3:], dict(os.environ), offline=False, records=Path(sys.argv[2]))"
+    )
+    subprocess.run([python, "-c", driver, str(script.parent), str(records), "pip==25.1.1", "uv==0.9.5"], check=True)
+    recorded = {entry["name"]: entry["version"] for entry in json.loads((records / "python.pip.json").read_text())}
+    assert recorded == {"pip": "25.1.1", "uv": "0.9.5"}
+    after = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, text=True, check=True).stdout
+    assert after.startswith("pip 25.1.1 ")
+
+
+def test_an_old_pip_with_no_pip_pin_in_its_step_stops_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build_steps.metadata, "version", lambda name: "22.0.2")
+    with pytest.raises(StepError, match=r"pip 22.0.2 here has no --report .* pins no pip"):
+        build_steps.pip_with_report(["six==1.16.0"], {})
+    monkeypatch.setattr(build_steps.metadata, "version", lambda name: "23.0.1")
+    assert build_steps.pip_with_report(["six==1.16.0"], {}) == []

@@ -141,10 +141,26 @@ def install_python(
     elif offline:
         raise StepError(f"the lock has no Python files for step {step}: an offline build installs only the lock")
     else:
+        options = pip_with_report(arguments, env)
         with tempfile.TemporaryDirectory() as scratch:
             report = Path(scratch) / "report.json"
-            run([sys.executable, "-m", "pip", "install", "--report", str(report), *arguments], env=env)
+            run([sys.executable, "-m", "pip", "install", *options, "--report", str(report), *arguments], env=env)
             build_record.write_record(step, "pip", build_record.pip_record(json.loads(report.read_text())), records)
+
+
+def pip_with_report(arguments: list[str], env: dict[str, str]) -> list[str]:
+    """Extra options for a recorded install. pip added --report in 22.2; a venv made by an older
+    distribution's python3 (Ubuntu 22.04's is pip 22.0.2) first gets the step's own pip pin from its own
+    pip, and the recorded install then installs that pin again (--ignore-installed), so the record still
+    names it: the same record as where the venv's pip could report from the start."""
+    version = metadata.version("pip")
+    if tuple(int(part) for part in re.findall(r"\d+", version)[:2]) >= (22, 2):
+        return []
+    pins = [argument for argument in arguments if re.fullmatch(r"pip==[0-9][0-9A-Za-z.+!-]*", argument)]
+    if not pins:
+        raise StepError(f"pip {version} here has no --report (pip 22.2 added it), and this step pins no pip to install")
+    run([sys.executable, "-m", "pip", "install", *pins], env=env)
+    return ["--ignore-installed"]
 
 
 def _compile_slice(paths: list[str]) -> None:
