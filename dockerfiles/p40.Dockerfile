@@ -47,6 +47,13 @@ RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
 FROM system AS apex-build
 # NVIDIA Apex e13873debc4699d39c6861074b9a3b2a02327f92 from its hashed archive, compiled for sm 6.1 (no GPU
 # is visible during a build, so the architectures come from the recipe). Only the wheel leaves this stage.
+# the host compiler nvcc calls: a CUDA -devel base is not promised to carry one
+RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
+    --mount=type=secret,id=ca_bundle,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=apt_mirror,required=false \
+    --mount=type=secret,id=torch_index_url,required=false \
+    bash /tmp/verlbox/steps/steps.sh apt apex-compiler g++
 RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
     --mount=type=secret,id=ca_bundle,required=false \
     --mount=type=secret,id=pip_index_url,required=false \

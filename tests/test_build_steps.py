@@ -34,7 +34,13 @@ def etc(tmp_path: Path) -> Path:
     )
     (folder / "sources.list.d" / "notes.txt").write_text("not a source\n")
     (folder / "sources.list.d" / "cuda.list").write_text("deb [signed-by=/c.gpg] https://developer.invalid/cuda /\n")
+    (tmp_path / "os-release").write_text('PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\n')
     return folder
+
+
+def os_release(etc: Path) -> Path:
+    """The fixture base's /etc/os-release (not this machine's)."""
+    return etc.parent / "os-release"
 
 
 def option_values(options: list[str]) -> dict[str, str]:
@@ -43,7 +49,7 @@ def option_values(options: list[str]) -> dict[str, str]:
 
 def test_the_mirror_replaces_each_archive_uri_in_copies_and_its_login_goes_to_auth_conf(etc: Path) -> None:
     before = {path: path.read_text() for path in etc.rglob("*") if path.is_file()}
-    with build_steps.apt_options(Secrets(apt_mirror=MIRROR), etc=etc) as options:
+    with build_steps.apt_options(Secrets(apt_mirror=MIRROR), etc=etc, os_release=os_release(etc)) as options:
         values = option_values(options)
         source_list = Path(values["Dir::Etc::SourceList"])
         parts = Path(values["Dir::Etc::SourceParts"])
@@ -94,7 +100,10 @@ def test_offline_apt_reads_only_the_bundle_repository_and_ignores_valid_until(et
     ],
 )
 def test_a_mirror_that_is_not_a_plain_url_stops_the_step_without_echoing_it(etc: Path, mirror: str) -> None:
-    with pytest.raises(StepError) as caught, build_steps.apt_options(Secrets(apt_mirror=mirror), etc=etc):
+    with (
+        pytest.raises(StepError) as caught,
+        build_steps.apt_options(Secrets(apt_mirror=mirror), etc=etc, os_release=os_release(etc)),
+    ):
         pass
     assert "t0ken" not in str(caught.value) and "apt mirror" in str(caught.value)
 
@@ -254,3 +263,43 @@ def test_an_old_pip_with_no_pip_pin_in_its_step_stops_in_one_line(monkeypatch: p
         build_steps.pip_with_report(["six==1.16.0"], {})
     monkeypatch.setattr(build_steps.metadata, "version", lambda name: "23.0.1")
     assert build_steps.pip_with_report(["six==1.16.0"], {}) == []
+
+
+@pytest.fixture
+def jammy(tmp_path: Path) -> tuple[Path, Path]:
+    """p40's base as apt sees it: Ubuntu 22.04's one-line sources.list, NVIDIA's flat CUDA repository beside it."""
+    folder = tmp_path / "jammy-apt"
+    (folder / "sources.list.d").mkdir(parents=True)
+    (folder / "sources.list").write_text(
+        "deb http://archive.ubuntu.invalid/ubuntu/ jammy main restricted\n"
+        "deb http://security.ubuntu.invalid/ubuntu/ jammy-security main restricted\n"
+    )
+    (folder / "sources.list.d" / "cuda.list").write_text(
+        "deb [signed-by=/usr/share/keyrings/cuda.gpg] https://developer.invalid/cuda/repos/ubuntu2204/x86_64 /\n"
+    )
+    ubuntu = tmp_path / "ubuntu-os-release"
+    ubuntu.write_text(
+        'PRETTY_NAME="Ubuntu 22.04.5 LTS"\nNAME="Ubuntu"\nVERSION_ID="22.04"\nID=ubuntu\nID_LIKE=debian\n'
+    )
+    return folder, ubuntu
+
+
+def test_an_ubuntu_base_keeps_its_own_sources_and_refuses_a_debian_mirror_in_one_line(jammy: tuple[Path, Path]) -> None:
+    etc, ubuntu = jammy
+    assert build_steps.distribution(ubuntu) == "ubuntu"
+    with build_steps.apt_options(Secrets(), etc=etc, os_release=ubuntu) as options:
+        assert "Dir::Etc::SourceList" not in option_values(options)  # the base's own files, as they are
+    with (
+        pytest.raises(StepError) as refused,
+        build_steps.apt_options(Secrets(apt_mirror="http://deb.invalid/debian"), etc=etc, os_release=ubuntu),
+    ):
+        pass
+    assert str(refused.value) == (
+        "the build's apt mirror is a Debian archive, and this base is ubuntu: build without --apt-mirror"
+    )
+    debian = ubuntu.with_name("debian-os-release")
+    debian.write_text('PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_CODENAME=bookworm\n')
+    with build_steps.apt_options(
+        Secrets(apt_mirror="http://deb.invalid/debian"), etc=etc, os_release=debian
+    ) as options:
+        assert "Dir::Etc::SourceList" in option_values(options)

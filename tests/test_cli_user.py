@@ -99,3 +99,27 @@ def test_every_option_has_help() -> None:
     ]
     assert missing == []
     assert {"doctor", "init", "fetch", "shell"} <= set(commands.choices)
+
+
+def test_a_debian_mirror_for_the_ubuntu_based_p40_is_refused_before_any_step(tmp_path: Path) -> None:
+    """p40's base is Ubuntu 22.04: apt there would read Ubuntu's paths from a Debian mirror and fail mid-build."""
+    for given, env in (
+        (["--apt-mirror", "http://deb.invalid/debian"], {}),
+        ([], {"VERLBOX_APT_MIRROR": "http://deb.invalid/debian"}),
+    ):
+        result = run_verlbox("build", "p40", *given, "--sources", str(tmp_path), env=env)
+        assert result.returncode == 2, result.stderr
+        assert one_error_line(result.stderr) == (
+            "verlbox: error: recipe p40: its base nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04 is Ubuntu, and "
+            "--apt-mirror (or VERLBOX_APT_MIRROR) is a Debian mirror, which Ubuntu's apt cannot read: build without it"
+        )
+    assert not list(tmp_path.iterdir())  # nothing fetched, nothing started
+
+
+def test_bundling_p40_is_refused_in_one_sentence_saying_why(tmp_path: Path) -> None:
+    result = run_verlbox("bundle", "p40", "--out", str(tmp_path / "bundle"))
+    assert result.returncode == 2 and one_error_line(result.stderr) == (
+        "verlbox: error: recipe p40 cannot be bundled: its base is Ubuntu, with NVIDIA's flat CUDA repository, and "
+        "an offline build checks each .deb against Debian's signed archive only"
+    )
+    assert not (tmp_path / "bundle").exists()

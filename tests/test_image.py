@@ -233,6 +233,15 @@ def apex_stage(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     docker("image", "rm", stage, check=False)
 
 
+def test_the_apex_stage_brings_its_compiler_to_a_base_without_one(apex_stage: tuple[str, Path]) -> None:
+    """The rehearsal of p40's Apex stage on a base with no g++ (a -devel base is not promised one): the
+    stage's own apt step installs it."""
+    where = "command -v g++ || echo none"
+    base = docker("run", "--rm", "--entrypoint", "sh", "verlbox-base/debian:bookworm-minbase", "-c", where)
+    stage = docker("run", "--rm", "--entrypoint", "sh", apex_stage[0], "-c", where)
+    assert base.stdout.strip() == "none" and stage.stdout.strip() == "/usr/bin/g++"
+
+
 def test_the_fatbin_reader_agrees_with_cuobjdump(apex_stage: tuple[str, Path]) -> None:
     """In the Apex build stage: cuobjdump and smoke's reader list the same SASS."""
     stage, context = apex_stage

@@ -80,6 +80,15 @@ def test_cu124_keeps_its_cuda_toolkit_in_the_apex_stage_and_labels_last() -> Non
         assert label in labels
 
 
+@pytest.mark.parametrize("name", ["p40", "p40-cu124"])
+def test_every_apex_stage_installs_the_compiler_it_compiles_with(name: str) -> None:
+    """Nothing is taken on faith from a base: NVIDIA's -devel images install their CUDA packages with
+    --no-install-recommends and promise no g++. (p40-cu124's build runs this step on a base without g++.)"""
+    text = render_dockerfile(BuildPlan(load_recipe(name)))
+    stage = text.split("AS apex-build\n", 1)[1].split("\nFROM ", 1)[0]
+    assert stage.index("steps.sh apt apex-compiler g++") < stage.index("apex_build.py")
+
+
 def test_only_a_locked_recipe_mounts_lock_slices() -> None:
     locked = (GOLDEN / "p40-cu124.Dockerfile").read_text()
     assert locked.count("source=verlbox-build/lock/") >= 5 and "io.verlbox.lock.hash=" in locked

@@ -149,6 +149,7 @@ def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
     from verlbox.host.engine import client
 
     sources = _sources(args).with_torch_index(recipe.name, recipe.torch.index)  # type: ignore[attr-defined]
+    sources.check_apt_mirror_fits(recipe.name, recipe.base)
     if recipe.apex:  # type: ignore[attr-defined]
         sources.archive(recipe.apex.archive_pin(), err)  # type: ignore[attr-defined]
     base_override = args.base_image
@@ -203,6 +204,11 @@ def bundle(args: argparse.Namespace) -> int:
     from verlbox.host.bundle import bundle_bytes, make_bundle
 
     recipe = load_recipe(args.recipe)
+    if recipe.base.distribution != "debian":
+        raise UsageError(
+            f"recipe {recipe.name} cannot be bundled: its base is {recipe.base.distribution_name}, with NVIDIA's flat "
+            "CUDA repository, and an offline build checks each .deb against Debian's signed archive only"
+        )
     plan = BuildPlan(recipe)
     if plan.lock is None:
         raise UsageError(f"recipe {recipe.name} has no lock ({recipe.lock_path}): build it and run `verlbox lock`")

@@ -44,6 +44,13 @@ class Base(Strict):
     image: Text
     digest: Digest | None = None
     bootstrap: Bootstrap | None = None
+    # the base's /etc/os-release ID: a Debian mirror (--apt-mirror) and `verlbox bundle` need Debian's archive.
+    # A fact of the base image, which the recipe hash already covers; every apt step checks it in the image.
+    distribution: Literal["debian", "ubuntu"] = Field(default="debian", exclude=True)
+
+    @property
+    def distribution_name(self) -> str:
+        return {"debian": "Debian", "ubuntu": "Ubuntu"}[self.distribution]
 
     @field_validator("image")
     @classmethod

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from rich.console import Console
@@ -20,6 +21,9 @@ from rich.console import Console
 from verlbox.errors import UsageError
 from verlbox.host.archives import AcceptedArchive, ArchivePin, check_archive, fetch_archive, mirror_url
 from verlbox.runtime.hub import redact
+
+if TYPE_CHECKING:
+    from verlbox.host.recipe import Base
 
 _INDEX_URL = re.compile(r"(https?|file)://\S+")
 
@@ -110,6 +114,16 @@ class BuildSources:
                 f"(known: {', '.join(TORCH_INDEXES)}): give its URL with --torch-index-url or VERLBOX_TORCH_INDEX_URL"
             )
         return replace(self, torch_index_url=TORCH_INDEXES[index])
+
+    def check_apt_mirror_fits(self, recipe_name: str, base: Base) -> None:
+        """A Debian mirror given to a build of a base of another distribution is refused before any step:
+        apt on that base would read its own archive's paths from the mirror and fail mid-build."""
+        if self.apt_mirror and base.distribution != "debian":
+            raise UsageError(
+                f"recipe {recipe_name}: its base {base.image} is {base.distribution_name}, and --apt-mirror (or "
+                f"VERLBOX_APT_MIRROR) is a Debian mirror, which {base.distribution_name}'s apt cannot read: "
+                "build without it"
+            )
 
     def archive(self, pin: ArchivePin, console: Console | None = None) -> AcceptedArchive:
         """A pinned source archive from the cache, fetched into it when missing; checked before any build starts."""

@@ -248,9 +248,29 @@ def first_archive(etc: Path = Path("/etc/apt")) -> str | None:
     return None
 
 
+def distribution(os_release: Path = Path("/etc/os-release")) -> str:
+    """The base's distribution ID (debian, ubuntu, ...), as /etc/os-release gives it."""
+    text = os_release.read_text() if os_release.is_file() else ""
+    match = re.search(r"^ID=\"?([^\"\n]*)\"?$", text, re.MULTILINE)
+    return match.group(1) if match else "unknown"
+
+
+def refuse_foreign_mirror(secrets: Secrets, os_release: Path) -> None:
+    """The build's apt mirror is a Debian archive: another distribution's apt would read its own paths there."""
+    if secrets.apt_mirror and (found := distribution(os_release)) != "debian":
+        raise StepError(
+            f"the build's apt mirror is a Debian archive, and this base is {found}: build without --apt-mirror"
+        )
+
+
 @contextmanager
 def apt_options(
-    secrets: Secrets, *, sources: str | None = None, offline_list: Path | None = None, etc: Path = Path("/etc/apt")
+    secrets: Secrets,
+    *,
+    sources: str | None = None,
+    offline_list: Path | None = None,
+    etc: Path = Path("/etc/apt"),
+    os_release: Path = Path("/etc/os-release"),
 ) -> Iterator[list[str]]:
     """apt-get options for one step; the base's own files are never changed. SOURCES replaces the base's
     sources; else the build's mirror replaces each archive URI in copies of them; OFFLINE_LIST (the
@@ -258,6 +278,8 @@ def apt_options(
     options = ["-o", "Acquire::Languages=none"]
     if secrets.ca_bundle:
         options += ["-o", f"Acquire::https::CAInfo={secrets.ca_bundle}"]
+    if offline_list is None:
+        refuse_foreign_mirror(secrets, os_release)
     with tempfile.TemporaryDirectory(prefix="verlbox-apt-") as scratch:
         folder = Path(scratch)
         parts = folder / "sources.list.d"

@@ -98,7 +98,11 @@ class Apex(Component):
 # is visible during a build, so the architectures come from the recipe). Only the wheel leaves this stage.
 {% if c.toolkit %}
 # CUDA toolkit from Debian {{ c.toolkit.suite | q }} ({{ c.toolkit.components | words }}), unpacked at / without apt's dependency resolution
+{% else %}
+# the host compiler nvcc calls: a CUDA -devel base is not promised to carry one
+{% endif %}
 {{ m.apt_install(plan, "apex-compiler", ["g++"]) }}
+{% if c.toolkit %}
 {{ m.run(plan) }}{{ m.steps(plan) }} toolkit {{ c.toolkit.suite | q }}{% for component in c.toolkit.components %} --component={{ component | q }}{% endfor %} \\
        {{ c.toolkit.packages.items() | map("join", "=") | words }}
 ENV CUDA_HOME={{ c.toolkit.cuda_home | q }}
