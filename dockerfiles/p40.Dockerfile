@@ -67,7 +67,8 @@ RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \
     && cp -r /opt/verlbox/build-record /wheels/build-record
 
 FROM system AS final
-# vLLM 0.8.5.post1; kernels for sm 7.0 7.5 8.0 8.6 8.9 9.0
+# vLLM 0.8.5.post1; kernels for sm 7.0 7.5 8.0 8.6 8.9 9.0. Resolved with verl's pinned dependencies: vLLM's
+# ranges alone take the newest opencv-python-headless and cupy, which need numpy 2, beside verl's numpy pin
 RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
     --mount=type=secret,id=ca_bundle,required=false \
     --mount=type=secret,id=pip_index_url,required=false \
@@ -75,7 +76,26 @@ RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
     --mount=type=secret,id=torch_index_url,required=false \
     --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     --mount=type=cache,target=/root/.cache/uv,sharing=locked \
-    bash /tmp/verlbox/steps/steps.sh pip --extra-index=torch vllm https://github.com/vllm-project/vllm/releases/download/v0.8.5.post1/vllm-0.8.5.post1+cu118-cp38-abi3-manylinux1_x86_64.whl torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
+    bash /tmp/verlbox/steps/steps.sh pip --extra-index=torch vllm https://github.com/vllm-project/vllm/releases/download/v0.8.5.post1/vllm-0.8.5.post1+cu118-cp38-abi3-manylinux1_x86_64.whl \
+       accelerate==1.7.0 \
+       codetiming==1.4.0 \
+       datasets==3.6.0 \
+       dill==0.3.8 \
+       hydra-core==1.3.2 \
+       numpy==1.26.4 \
+       pandas==2.2.3 \
+       peft==0.15.2 \
+       pyarrow==20.0.0 \
+       pybind11==2.13.6 \
+       pylatexenc==2.10 \
+       'ray[default]==2.47.1' \
+       setuptools==80.9.0 \
+       tensorboard==2.20.0 \
+       tensordict==0.6.2 \
+       torchdata==0.11.0 \
+       transformers==4.51.3 \
+       wandb==0.20.1 \
+       torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118
 # verl 0.4.1 itself with --no-deps, then its dependencies, each pinned: two steps, one RUN (each
 # RUN that mounts the build's secrets over freshly written layers waits for the engine, ~9 s here);
 # verl first, so that a changed verl file fails the build before 100 other wheels are installed
@@ -139,7 +159,7 @@ LABEL org.opencontainers.image.title="verlbox p40" \
       org.opencontainers.image.description="Tesla P40 on CUDA 11.8 + cuDNN 8.9.7, torch cu118, Apex, vLLM cu118 (the full stack)" \
       io.verlbox.version="0.1.0" \
       io.verlbox.recipe="p40" \
-      io.verlbox.recipe.hash="a2c596e219f5811ec318f024f8a118c709d5e52630d3014171ab9605f389ec6a" \
+      io.verlbox.recipe.hash="5b51fa0c0f0a639cba7cf7de7bc6de668a711e460b9da9b2f79e4118737a2059" \
       io.verlbox.base="nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="7b16e3d629c54a652cab65f2559f453f7ac50d5a2a0eab66974179b1dd4d7b1e" \

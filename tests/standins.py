@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
+import time
 from base64 import b64encode
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SLOW_SECONDS = 5
 
 
 def closed_port_url() -> str:
@@ -23,11 +27,16 @@ def serve_files(files: dict[str, bytes], *, basic_auth: str | None = None, fault
     """A plain HTTP server for FILES (path -> bytes); yields its base URL. Other paths: 404.
 
     BASIC_AUTH ("user:password"): 401 without it. FAULT "truncated": the promised length, half the
-    bytes; "garbage": no HTTP at all in answer.
+    bytes; "garbage": no HTTP at all in answer; "slow": no answer for SLOW_SECONDS.
     """
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
+        def do_HEAD(self) -> None:
+            self.do_GET(head=True)
+
+        def do_GET(self, head: bool = False) -> None:
+            if fault == "slow":
+                time.sleep(SLOW_SECONDS)
             if fault == "garbage":
                 self.wfile.write(b"this is not HTTP\r\n\r\n")
                 return
@@ -44,12 +53,20 @@ def serve_files(files: dict[str, bytes], *, basic_auth: str | None = None, fault
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body[: len(body) // 2] if fault == "truncated" else body)
+            if not head:
+                self.wfile.write(body[: len(body) // 2] if fault == "truncated" else body)
 
         def log_message(self, format: str, *args: object) -> None:  # quiet: pytest shows failures
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    with _serving(Handler) as url:
+        yield url
+
+
+@contextmanager
+def _serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True  # a slow answer still pending does not hold the test's end
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -57,3 +74,49 @@ def serve_files(files: dict[str, bytes], *, basic_auth: str | None = None, fault
     finally:
         server.shutdown()
         server.server_close()
+
+
+REGISTRY_TOKEN = "t0ken-never-shown"
+
+
+@contextmanager
+def serve_registry(manifests: dict[str, str], *, token_status: int = 200) -> Iterator[str]:
+    """A registry API v2 as Docker Hub answers: a manifest HEAD without a token gets 401 and a Bearer
+    challenge naming this server's token endpoint; with the token, 200 and the manifest's digest for each
+    path in MANIFESTS ("/v2/NAME/manifests/TAG" -> digest), 404 for others. TOKEN_STATUS: the token
+    endpoint's answer (anything but 200 refuses). Yields host:port, to put in an image reference."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.partition("?")[0]
+            if path == "/token":
+                body = json.dumps({"token": REGISTRY_TOKEN}).encode()
+                self.send_response(token_status)
+                self.send_header("Content-Length", str(len(body) if token_status == 200 else 0))
+                self.end_headers()
+                if token_status == 200:
+                    self.wfile.write(body)
+                return
+            self.send_error(404)
+
+        def do_HEAD(self) -> None:
+            if self.headers.get("Authorization") != f"Bearer {REGISTRY_TOKEN}":
+                self.send_response(401)
+                realm = f"http://{self.headers['Host']}/token"
+                challenge = f'Bearer realm="{realm}",service="standin",scope="repository:nvidia/cuda:pull"'
+                self.send_header("WWW-Authenticate", challenge)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            digest = manifests.get(self.path)
+            self.send_response(200 if digest else 404)
+            if digest:
+                self.send_header("Docker-Content-Digest", digest)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    with _serving(Handler) as url:
+        yield url.removeprefix("http://")

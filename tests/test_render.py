@@ -43,8 +43,9 @@ def test_p40_layers_go_from_rarely_to_often_changing() -> None:
         "FROM system AS apex-build",
         "FROM system AS final",
         "vllm-0.8.5.post1+cu118",
+        "transformers==4.51.3",  # resolved with vLLM (one consistent set)
         "--no-deps verl==0.4.1",  # verl, then its dependencies, in one RUN
-        "transformers==4.51.3",
+        "verl-deps",
         "/tmp/apex-wheels",
         "verlbox patch-verl",
         "LABEL ",

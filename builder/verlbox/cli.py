@@ -138,6 +138,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--no-cache", action="store_true", help="build every step again (BuildKit's --no-cache)")
     build.add_argument(
+        "--check",
+        action="store_true",
+        help="build nothing: ask each upstream whether every pin is still served (one line each; exit 0 or 1)",
+    )
+    build.add_argument(
+        "--nvidia-repo-url",
+        help="with --check: NVIDIA's CUDA apt repositories or a mirror of them (default: NVIDIA's own)",
+    )
+    build.add_argument(
+        "--check-timeout", type=_positive, default=20, help="with --check: seconds each upstream has to answer"
+    )
+    build.add_argument(
         "--skip-space-check",
         action="store_true",
         help="with --offline: start even when Docker's data folder has less free room than the build is "

@@ -121,6 +121,10 @@ def build(args: argparse.Namespace) -> int:
     from verlbox.host.bundle import bundle_folder
 
     recipe = load_recipe(args.recipe)
+    if args.check:
+        return check_pins(args, recipe)
+    if args.nvidia_repo_url:
+        raise UsageError("--nvidia-repo-url goes with --check: a build reads the base's own NVIDIA repository")
     check_tags(args.tag or [])
     if args.skip_space_check and not args.offline:
         raise UsageError("--skip-space-check goes with --offline: only offline builds check the room first")
@@ -142,6 +146,20 @@ def build(args: argparse.Namespace) -> int:
     )
     err.print(f"built {', '.join(result.tags)} ({result.image_id[:19]}) in {result.seconds:.0f} s")
     return 0
+
+
+def check_pins(args: argparse.Namespace, recipe: RecipeHead) -> int:
+    from verlbox.host.pins import NVIDIA_CUDA_REPOS, check_recipe, print_findings
+
+    if args.offline or args.tag or args.no_cache or args.base_image or args.bootstrap_base:
+        raise UsageError("--check builds nothing: drop --offline, --tag, --no-cache, --base-image, --bootstrap-base")
+    sources = _sources(args).with_torch_index(recipe.name, recipe.torch.index)  # type: ignore[attr-defined]
+    sources.check_apt_mirror_fits(recipe.name, recipe.base)
+    with err.status(f"asking each upstream for the pins of {recipe.name}"):
+        findings = check_recipe(
+            recipe, sources, nvidia_repo_url=args.nvidia_repo_url or NVIDIA_CUDA_REPOS, timeout=args.check_timeout
+        )
+    return print_findings(findings, print)
 
 
 def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import Field
+
 from verlbox.host.components.base import Component
 from verlbox.host.schema import DebianVersion
 
@@ -9,6 +13,8 @@ from verlbox.host.schema import DebianVersion
 class Cudnn(Component):
     key = "cudnn"
     apt_version: DebianVersion
+    # the base's NVIDIA CUDA apt repository (DISTRO/ARCH, as in its cuda.list): `build --check` asks its index
+    repository: Annotated[str, Field(pattern=r"^[a-z0-9]+/[a-z0-9_]+$")]
 
     @property
     def version(self) -> str:
