@@ -330,7 +330,11 @@ def test_cpu_smoke_tier_passes_and_gpu_tier_is_skipped_with_a_reason(image: str,
         "status": "skipped",
         "detail": "not requested (--gpu)",
     }
-    assert "torch loads cuDNN 90100" in results["pins match the recipe"]["detail"]
+    # the cuDNN torch loads, and where from: torch 2.6.0's own pin, not a system library
+    assert (
+        "torch loads cuDNN 9.1.0 from pip's nvidia-cudnn-cu12 9.1.0.70 (libcudnn.so.9)"
+        in (results["pins match the recipe"]["detail"])
+    )
 
 
 def test_smoke_fails_when_a_patch_is_reverted_in_the_image(image: str, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ which is how the GPU tier ran on a GPU machine without Docker.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -147,14 +148,40 @@ def check_pins(ctx: SmokeContext) -> str:
             wrong.append(f"{component} {installed[component]} (recipe pins {pinned})")
     if wrong:
         raise AssertionError("; ".join(wrong))
-    loads = f"torch loads cuDNN {torch.backends.cudnn.version()}"
+    loads = torch_cudnn()
     if "cudnn" in pins:
-        loads = f"system cuDNN {installed['cudnn']} (what Apex builds against); " + loads
+        loads += f"; apt's libcudnn8 {installed['cudnn']} (held) is beside it, and torch does not load it"
     try:
         loads += ", NCCL " + ".".join(map(str, torch.cuda.nccl.version()))
     except (AttributeError, RuntimeError):
         loads += ", no NCCL"
     return f"{len(pins)} pins match; {loads}"
+
+
+def cudnn_version(number: int) -> str:
+    """cuDNN's version integer as major.minor.patch (cuDNN 9 counts major in 10000s, cuDNN 8 in 1000s)."""
+    major, rest = (number // 10000, number % 10000) if number >= 90000 else (number // 1000, number % 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
+
+
+def torch_cudnn() -> str:
+    """Which cuDNN torch loads and where from: its own pip package (nvidia-cudnn-cu1X), or another file."""
+    import torch
+
+    number = torch.backends.cudnn.version()  # loads the library
+    if number is None:
+        return "torch has no cuDNN"
+    maps = Path("/proc/self/maps").read_text() if Path("/proc/self/maps").is_file() else ""
+    loaded = sorted({line.split()[-1] for line in maps.splitlines() if "/libcudnn" in line.split()[-1]})
+    origin = "a library this process does not show"
+    if loaded:
+        origin = loaded[0]
+        if "/site-packages/nvidia/cudnn/" in origin:
+            for name in ("nvidia-cudnn-cu12", "nvidia-cudnn-cu11"):
+                with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+                    origin = f"pip's {name} {importlib.metadata.version(name)} ({Path(origin).name})"
+                    break
+    return f"torch loads cuDNN {cudnn_version(number)} from {origin}"
 
 
 def apex_source_record() -> dict | None:
