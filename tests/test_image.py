@@ -193,9 +193,7 @@ def test_verify_names_a_package_that_differs_from_the_lock(image: str, tmp_path:
 def test_an_image_of_another_recipe_is_named_as_such(image: str) -> None:
     as_p40 = run_verlbox("verify", image, "--recipe", "p40")
     assert as_p40.returncode == 1
-    assert as_p40.stdout.strip() == (
-        f"{image} was built from recipe p40-cu124, not p40: name that recipe (or --recipe p40-cu124)"
-    )
+    assert as_p40.stdout.strip() == (f"{image} was built from recipe p40-cu124, not p40: name recipe p40-cu124 instead")
     locked = run_verlbox("lock", "p40", "--image", image)
     assert locked.returncode == 2 and locked.stderr.strip().splitlines() == [
         f"verlbox: error: {image} was built from p40-cu124, not recipe p40: lock it as that recipe"

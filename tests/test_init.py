@@ -15,7 +15,7 @@ from conftest import REPO, docker, run_verlbox
 from verlbox.host.build import default_tag
 from verlbox.host.plan import BuildPlan
 from verlbox.host.recipe import load_recipe
-from verlbox.host.runfolder import ENV_HEADER, FOLDERS, pick_newest
+from verlbox.host.runfolder import ENV_HEADER, FOLDERS, newest_first
 
 IMAGE = "verlbox-test/init:given"
 # No engine answers here, so the newest-image lookup cannot depend on what this engine holds.
@@ -180,14 +180,13 @@ def test_a_bad_image_reference_is_bad_input(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
-def test_without_an_engine_the_folder_names_the_default_image_and_says_how_to_build_it(tmp_path: Path) -> None:
+def test_without_an_image_to_name_a_new_folder_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    """No default name is ever written for compose to run: an image nobody built here is nobody's."""
     result = init("run", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    notes = [line for line in result.stderr.splitlines() if "VERLBOX_IMAGE" in line]
-    assert len(notes) == 1 and notes[0].startswith("note: no Docker engine answers")
-    assert "`verlbox build p40`" in notes[0]
-    assert "Traceback" not in result.stderr
-    assert env_values(tmp_path / "run" / ".env")["VERLBOX_IMAGE"] == default_tag(BuildPlan(load_recipe("p40")))
+    (line,) = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and line.startswith("verlbox: error: no Docker engine answers")
+    assert line.endswith(": so init cannot find your image: name one with --image")
+    assert not (tmp_path / "run").exists()
 
 
 def test_without_an_engine_a_rerun_keeps_the_image_init_found_before(tmp_path: Path) -> None:
@@ -262,8 +261,8 @@ def test_the_newest_tagged_image_wins_and_staging_tags_never_do() -> None:
         {"Created": 200, "RepoTags": ["verlbox/p40-cu124:0.1.0", "mine/p40:latest"]},
         {"Created": 200, "RepoTags": []},
     ]
-    assert pick_newest(listed) == "mine/p40:latest"
-    assert pick_newest(listed[1:3]) is None
+    assert newest_first(listed) == ["mine/p40:latest", "verlbox/p40-cu124:0.1.0", "verlbox/p40:0.1.0"]
+    assert newest_first(listed[1:3]) == []
 
 
 def build_labelled(folder: Path, tag: str, epoch: int, label: bool) -> None:
@@ -295,4 +294,28 @@ def test_init_picks_the_newest_verlbox_image_on_the_engine(tmp_path: Path, label
     result = run_verlbox("init", "run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert env_values(tmp_path / "run" / ".env")["VERLBOX_IMAGE"] == labelled_images["newest"]
-    assert not [line for line in result.stderr.splitlines() if "VERLBOX_IMAGE" in line]
+    # the other candidates are named: an image someone else tagged newer is not taken silently
+    (note,) = [line for line in result.stderr.splitlines() if "VERLBOX_IMAGE" in line]
+    assert note.startswith(f"note: VERLBOX_IMAGE={labelled_images['newest']}, the newest verlbox image here (also: ")
+    assert labelled_images["older"] in note
+
+
+@pytest.mark.docker
+def test_an_image_the_engine_lacks_is_named_only_on_purpose_and_compose_never_pulls(
+    tmp_path: Path, docker_engine: object, compose_cli
+) -> None:
+    missing = f"verlbox-test/never-built:{os.getpid()}"
+    result = run_verlbox("init", "run", "--image", missing, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"note: {missing} is not on this Docker engine, and compose never pulls: `docker pull` it or build it"
+        in result.stderr.splitlines()
+    )
+    services = compose_config(tmp_path / "run" / "compose.yaml", tmp_path)["services"]
+    assert services["train"]["pull_policy"] == "never" and services["train"]["image"] == missing
+    up = subprocess.run(
+        ["docker", "compose", "up", "--no-start", "train"], cwd=tmp_path / "run", capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+    assert up.returncode != 0 and "Pulling" not in up.stdout + up.stderr
+    subprocess.run(["docker", "compose", "down"], cwd=tmp_path / "run", capture_output=True, check=False)

@@ -50,8 +50,13 @@ def test_a_damaged_record_is_one_line_for_runs_and_kept_aside_by_a_start(tmp_pat
     (experiment / RUN_FILE).write_text('{"format": 1, "runs": [{"started": ')
     with pytest.raises(UsageError, match=rf"{RUN_FILE}: not a readable run record \("):
         read_runs(experiment)
+    RunLog(tmp_path / "checkpoints" / "whole", a_run(), print).ended("finished", 200)
     shown = run_verlbox("runs", str(tmp_path / "checkpoints"))
-    assert shown.returncode == 2 and shown.stderr.count("\n") == 1 and "Traceback" not in shown.stderr
+    # the damaged experiment is one row saying so; the others are still listed; exit 1
+    assert shown.returncode == 1 and shown.stderr == "" and "Traceback" not in shown.stdout
+    rows = {line.split("\u2502")[1].strip(): line for line in shown.stdout.splitlines() if line.startswith("\u2502")}
+    assert "unreadable:" in rows["exp"] and "not a readable run record" in rows["exp"]
+    assert "finished" in rows["whole"]
     said: list[str] = []
     RunLog(experiment, a_run(), said.append)  # a start goes on: the damaged file is kept, and said
     [kept] = experiment.glob(f"{RUN_FILE}.damaged-*")
@@ -69,5 +74,13 @@ def test_runs_lists_every_experiment_as_a_table(tmp_path: Path) -> None:
     assert len(rows) == 2
     assert "grpo" in rows[0] and "(by hand)" in rows[0] and "finished" in rows[0] and "200" in rows[0]
     assert "ppo" in rows[1] and "cccccccccccc" in rows[1]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoints").symlink_to(tmp_path, target_is_directory=True)
+    through_run_folder = run_verlbox("runs", str(tmp_path / "run"))  # a run folder: its checkpoints/ is read
+    assert (
+        through_run_folder.returncode == 0
+        and through_run_folder.stderr == f"runs under {tmp_path / 'run' / 'checkpoints'}\n"
+    )
+    assert len([line for line in through_run_folder.stdout.splitlines() if "Tesla P40" in line]) == 2
     empty = run_verlbox("runs", str(tmp_path / "grpo" / "nothing-here"))
     assert empty.returncode == 2 and "not a folder" in empty.stderr

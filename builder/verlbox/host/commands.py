@@ -376,7 +376,9 @@ def overrides(args: argparse.Namespace) -> int:
 
 
 def runs(args: argparse.Namespace) -> int:
-    """Every start recorded in FOLDER/*/run.json (or FOLDER/run.json), oldest first, as one table."""
+    """Every start recorded in FOLDER/*/run.json (or FOLDER/run.json), oldest first, as one table. A run
+    folder (one with checkpoints/) is read through its checkpoints folder; a damaged record is one row
+    saying so, the others are still listed, and the exit is 1."""
     from rich.table import Table
 
     from verlbox.runtime.run_record import RUN_FILE, read_runs
@@ -384,13 +386,28 @@ def runs(args: argparse.Namespace) -> int:
     folder = Path(args.folder)
     if not folder.is_dir():
         raise UsageError(f"{folder}: not a folder; give the checkpoints folder of a run folder")
-    experiments = [folder] if (folder / RUN_FILE).is_file() else sorted(p.parent for p in folder.glob(f"*/{RUN_FILE}"))
+
+    def recorded(where: Path) -> list[Path]:
+        return [where] if (where / RUN_FILE).is_file() else sorted(p.parent for p in where.glob(f"*/{RUN_FILE}"))
+
+    experiments = recorded(folder)
+    if not experiments and (folder / "checkpoints").is_dir():
+        folder = folder / "checkpoints"
+        experiments = recorded(folder)
+        err.print(f"runs under {folder}", markup=False)
     if not experiments:
         out.print(f"no runs recorded under {folder} (a start of `train` writes EXPERIMENT/{RUN_FILE})", markup=False)
         return 0
     table = Table("experiment", "started", "ended", "outcome", "last step", "restarts", "profile", "GPUs", "model")
+    damaged = 0
     for experiment in experiments:
-        for run in read_runs(experiment):
+        try:
+            entries = read_runs(experiment)
+        except UsageError as error:
+            damaged += 1
+            table.add_row(experiment.name, "-", "-", f"unreadable: {error}", "-", "-", "-", "-", "-")
+            continue
+        for run in entries:
             gpus = f"{len(run.gpus)} x {run.gpus[0].name}" if run.gpus else "(cluster)"
             model = f"{Path(run.model).name} {run.model_commit[:12] if run.model_commit else '(by hand)'}"
             table.add_row(
@@ -405,7 +422,7 @@ def runs(args: argparse.Namespace) -> int:
                 model,
             )
     out.print(table)
-    return 0
+    return 1 if damaged else 0
 
 
 def report(args: argparse.Namespace) -> int:

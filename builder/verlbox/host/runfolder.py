@@ -63,7 +63,7 @@ def init(args: argparse.Namespace) -> int:
     template = paths.env_example_file().read_text()
     previous = dotenv_values(directory / ".env")
     notes: list[str] = []
-    image = _image(args.image, previous, dotenv_values_of(template), notes)
+    image = _image(args.image, previous, notes)
     gpus, gpu_problem = gpu_count()
     if gpu_problem:
         notes.append(f"{gpu_problem}: VERLBOX_GPUS=1 (set it in .env)")
@@ -84,37 +84,59 @@ def init(args: argparse.Namespace) -> int:
     return 0
 
 
-def _image(requested: str | None, previous: dict[str, str], defaults: dict[str, str], notes: list[str]) -> str:
-    """--image, else the newest verlbox image here, else the .env's current one, else .env.example's."""
+def _image(requested: str | None, previous: dict[str, str], notes: list[str]) -> str:
+    """--image, else the newest verlbox image here, else the .env's current one. compose.yaml never pulls
+    (pull_policy: never): an image the engine lacks is named only on purpose (--image, or a kept .env),
+    with a note; a new folder with no image found is refused, so that no default name is ever run."""
     if requested is not None:
         try:
             parse_reference(requested)
         except ValueError as exc:
             raise UsageError(f"--image {exc}") from None
+        if not engine_has(requested):
+            notes.append(
+                f"{requested} is not on this Docker engine, and compose never pulls: `docker pull` it or build it"
+            )
         return requested
     try:
-        found = newest_image()
+        found = verlbox_images()
     except VerlboxError as exc:
-        problem = str(exc)
+        problem, advice = str(exc), "so init cannot find your image: name one with --image"
     else:
         if found:
-            return found
+            if len(found) > 1:
+                others = ", ".join(found[1:])
+                notes.append(f"VERLBOX_IMAGE={found[0]}, the newest verlbox image here (also: {others}; --image REF)")
+            return found[0]
         problem = "no verlbox image on this Docker engine"
-    kept = previous.get("VERLBOX_IMAGE") or defaults["VERLBOX_IMAGE"]
-    notes.append(f"{problem}; VERLBOX_IMAGE={kept}: build one with `verlbox build p40`, or pass --image REF")
-    return kept
+        advice = "build one first (`verlbox doctor` says which recipe fits), or name one with --image"
+    if previous.get("VERLBOX_IMAGE"):
+        notes.append(f"{problem}; VERLBOX_IMAGE={previous['VERLBOX_IMAGE']} kept from .env")
+        return previous["VERLBOX_IMAGE"]
+    raise UsageError(f"{problem}: {advice}")
 
 
-def newest_image() -> str | None:
-    """The tag of the newest image on the engine that `verlbox build` made (it carries the recipe label)."""
+def engine_has(image: str) -> bool:
+    """Whether the engine holds IMAGE; True when no engine answers (nothing to compare with, said elsewhere)."""
+    try:
+        client().images.get(image)
+    except docker.errors.ImageNotFound:
+        return False
+    except (docker.errors.DockerException, EngineError):
+        return True
+    return True
+
+
+def verlbox_images() -> list[str]:
+    """The tags of the images on the engine that `verlbox build` made (they carry the recipe label), newest first."""
     try:
         listed = client().api.images(filters={"label": RECIPE_LABEL})
     except docker.errors.DockerException as exc:
         raise EngineError(f"cannot list the engine's images ({exc})") from None
-    return pick_newest(listed)
+    return newest_first(listed)
 
 
-def pick_newest(listed: list[dict]) -> str | None:
+def newest_first(listed: list[dict]) -> list[str]:
     """From the engine's image list (`Created` in seconds, `RepoTags`): newest first, then by name.
 
     A staging tag names an image until its build succeeds, never one to train with; `<none>:<none>` is
@@ -126,7 +148,7 @@ def pick_newest(listed: list[dict]) -> str | None:
         for tag in image.get("RepoTags") or []
         if not tag.startswith(f"{STAGING_REPOSITORY}/") and tag != "<none>:<none>"
     ]
-    return min(candidates)[1] if candidates else None
+    return [tag for _, tag in sorted(candidates)]
 
 
 def gpu_count() -> tuple[int, str | None]:

@@ -68,7 +68,7 @@ def other_recipe(recipe: str, image: str, labels: dict[str, str]) -> str | None:
         return None
     if not built_from:
         return f"{image} is not a verlbox image (no io.verlbox.recipe label), so not one of recipe {recipe}"
-    return f"{image} was built from recipe {built_from}, not {recipe}: name that recipe (or --recipe {built_from})"
+    return f"{image} was built from recipe {built_from}, not {recipe}: name recipe {built_from} instead"
 
 
 def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> list[str]:
