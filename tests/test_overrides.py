@@ -216,3 +216,22 @@ def test_the_shipped_config_is_the_locked_wheels(verl_wheel: Path, tmp_path: Pat
         assert (shipped / "ppo_trainer.yaml").read_bytes() == wheel.read("verl/trainer/config/ppo_trainer.yaml")
     source = json.loads((shipped / "source.json").read_text())
     assert source["sha256"] == hashlib.sha256(verl_wheel.read_bytes()).hexdigest()
+
+
+def test_a_value_of_the_wrong_kind_is_refused_naming_the_key_and_what_verl_declares(
+    p40_plan: TrainingPlan, verl_config_dir: Path
+) -> None:
+    """verl's config is schema-less YAML: Hydra alone takes `trainer.total_epochs=two` and verl fails later."""
+    wrong = ["trainer.total_epochs=two", "trainer.save_freq=abc", "algorithm.use_kl_in_reward=yes"]
+    wrong += ["data.train_batch_size=2.5"]
+    with pytest.raises(OverrideError) as refused:
+        check([*p40_plan.overrides, *wrong], verl_config_dir)
+    assert str(refused.value).splitlines() == [
+        "trainer.total_epochs=two: verl's ppo_trainer.yaml declares a whole number here (default 30)",
+        "trainer.save_freq=abc: verl's ppo_trainer.yaml declares a whole number here (default -1)",
+        "algorithm.use_kl_in_reward=yes: verl's ppo_trainer.yaml declares true or false here (default False)",
+        "data.train_batch_size=2.5: verl's ppo_trainer.yaml declares a whole number here (default 1024)",
+    ]
+    # the same kinds written as Hydra reads them pass: a whole number for a float, one name for a list
+    right = ["trainer.total_epochs=2", "actor_rollout_ref.actor.optim.lr=1", "trainer.logger=console"]
+    check([*p40_plan.overrides, *right, "algorithm.use_kl_in_reward=false"], verl_config_dir)

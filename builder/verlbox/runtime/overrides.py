@@ -147,6 +147,7 @@ def check_overrides(
                 f"{override.key}: verl {patch_set.verl_version} does not declare it in "
                 "ppo_trainer.yaml and its code never reads it, so it would be silently ignored"
             )
+    problems += type_problems(declared, [override for override in overrides if override.key not in REAL_KEYS])
     if problems:
         raise OverrideError("\n".join(problems))
     config = compose(config_dir, raw_overrides)
@@ -154,6 +155,56 @@ def check_overrides(
     if problems:
         raise OverrideError("\n".join(problems))
     return config
+
+
+def _kind(value: object) -> str | None:
+    """The kind of a config value a type check can hold an override to (None: anything goes)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, list | tuple):
+        return "list"
+    return None
+
+
+KIND_NAMES = {"bool": "true or false", "int": "a whole number", "float": "a number", "list": "a list ([a,b])"}
+
+
+def type_problems(declared: object, overrides: list[Override]) -> list[str]:
+    """Each override whose value, as Hydra parses it, is not of the kind ppo_trainer.yaml declares for its key
+    (verl's config is plain YAML with no schema, so Hydra itself lets `trainer.total_epochs=two` through and
+    verl fails hours later). A null default, a string default or an interpolation checks nothing."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    parser = OverridesParser.create()
+    problems = []
+    for override in overrides:
+        if override.prefix == "~" or override.value.strip().startswith("${"):
+            continue
+        try:
+            default = OmegaConf.select(declared, override.key, default=None)
+            (parsed,) = parser.parse_overrides([f"{override.key}={override.value}"])
+        except (HydraException, OmegaConfBaseException):
+            continue  # Hydra's own compose names what is wrong with it
+        if parsed.is_sweep_override():
+            continue
+        value = parsed.value()
+        wanted, given = _kind(OmegaConf.to_object(default) if OmegaConf.is_config(default) else default), _kind(value)
+        if wanted is None or value is None or given == wanted:
+            continue
+        if (wanted, given) == ("float", "int") or (wanted == "list" and isinstance(value, str)):
+            continue  # an int is a float; verl takes one name where it takes a list of names (trainer.logger)
+        problems.append(
+            f"{override.key}={override.value}: verl's ppo_trainer.yaml declares {KIND_NAMES[wanted]} here "
+            f"(default {OmegaConf.to_yaml(default).strip() if OmegaConf.is_config(default) else default!r})"
+        )
+    return problems
 
 
 def _semantic_problems(
