@@ -428,6 +428,28 @@ def test_train_without_a_gpu_stops_at_preflight_in_one_sentence(image: str) -> N
     assert "Traceback" not in result.stderr
 
 
+def test_a_bad_override_in_a_one_off_run_exits_2_at_once_even_under_compose_s_hold(image: str) -> None:
+    """`docker compose run --rm train train trainer.total_epoch=2`: compose's VERLBOX_ON_HALT=wait is for `up`;
+    a typo typed by hand ends the one-off at once, in one line (before, it held until killed)."""
+    result = docker(
+        "run", "--rm", "-e", "VERLBOX_ON_HALT=wait", image, "train", "trainer.total_epoch=2", check=False, timeout=120
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("verlbox: error: trainer.total_epoch: verl 0.4.1 does not declare it")
+    assert "holding here" not in result.stderr and "Traceback" not in result.stderr
+    held = docker("run", "--rm", "-e", "VERLBOX_ON_HALT=wait", "--name", f"verlbox-held-{os.getpid()}", "-d", image,
+                  "train", check=False)  # fmt: skip
+    try:  # without overrides (what `up` runs), a failure still holds with its reason
+        for _ in range(60):
+            logs = docker("logs", held.stdout.strip(), check=False).stderr
+            if "holding here" in logs:
+                break
+            time.sleep(1)
+        assert "preflight GPU visible" in logs and "holding here" in logs
+    finally:
+        docker("rm", "-f", held.stdout.strip(), check=False)
+
+
 def test_overrides_inside_the_image_check_keys_without_the_docker_sdk(image: str) -> None:
     # no recipe named: in an image it is the image's own
     applied = docker("run", "--rm", image, "overrides", "trainer.total_epochs=2")

@@ -40,15 +40,17 @@ def _missing(*modules: str) -> list[str]:
 
 def train(args: argparse.Namespace) -> int:
     """`train`; under compose (VERLBOX_ON_HALT=wait) a run that cannot go on holds with its reason instead of
-    exiting into Docker's restart of the same failure."""
+    exiting into Docker's restart of the same failure. Overrides typed on the command line are a one-off
+    (`docker compose run ... train KEY=VALUE`; `up` runs the file's fixed command): bad ones exit 2 at once."""
     from verlbox.runtime import supervisor
+    from verlbox.runtime.overrides import OverrideError
 
     waits = supervisor.holds(os.environ)
     supervisor.clear_halt()
     try:
         return _train(args)
     except VerlboxError as exc:
-        if not waits:
+        if not waits or (args.overrides and isinstance(exc, OverrideError)):
             raise
         err.print(f"verlbox: error: {exc}", markup=False)
         return supervisor.hold(exc.exit_code, str(exc), lambda text: err.print(text, markup=False))
