@@ -450,6 +450,26 @@ def test_a_bad_override_in_a_one_off_run_exits_2_at_once_even_under_compose_s_ho
         docker("rm", "-f", held.stdout.strip(), check=False)
 
 
+def test_a_model_folder_the_container_user_cannot_read_is_one_line_naming_owner_and_mode(
+    image: str, tmp_path: Path
+) -> None:
+    """A root-owned mode-700 folder meets a container that runs as the user: before, glob() saw it empty ("no
+    weights") and the fetch record's is_file() raised PermissionError (an internal error, restarted by compose)."""
+    models = tmp_path / "models"
+    (models / "m").mkdir(parents=True)
+    (models / "m" / "config.json").write_text("{}")
+    (models / "m").chmod(0o700)
+    models.chmod(0o755)
+    stranger = str(os.getuid() + 4321)
+    said = f"/models/m: cannot read it (owner uid {os.getuid()}, mode 700; this runs as uid {stranger})"
+    run = ("run", "--rm", "--user", f"{stranger}:{stranger}", "-e", "HOME=/tmp", "-v", f"{models}:/models", image)
+    fetched = docker(*run, "fetch", "model", "--out", "/models/m", check=False)
+    assert fetched.returncode == 2 and fetched.stderr.strip().splitlines() == [f"verlbox: error: {said}"]
+    planned = docker(*run[:-1], "-e", "VERLBOX_MODEL_DIR=/models/m", image, "train", "--dry-run", check=False)
+    assert said in planned.stdout + planned.stderr and "Traceback" not in planned.stderr
+    assert "no weights" not in planned.stdout + planned.stderr
+
+
 def test_overrides_inside_the_image_check_keys_without_the_docker_sdk(image: str) -> None:
     # no recipe named: in an image it is the image's own
     applied = docker("run", "--rm", image, "overrides", "trainer.total_epochs=2")

@@ -1,4 +1,4 @@
-"""Writing files so that a reader sees the old content or the new, never half of it."""
+"""Writing files so that a reader sees the old content or the new, never half of it; folders that cannot be read."""
 
 from __future__ import annotations
 
@@ -53,3 +53,20 @@ def _fsync_directory(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def unreadable_folder(folder: Path) -> str | None:
+    """Why this process cannot list and read FOLDER (its owner and mode, and who we are), or None. A folder
+    it cannot enter looks empty to glob() and makes is_file() raise: both would mislead what follows."""
+    try:
+        info = folder.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{folder}: cannot look at it ({exc.strerror or exc})"
+    if not folder.is_dir() or os.access(folder, os.R_OK | os.X_OK):
+        return None
+    return (
+        f"{folder}: cannot read it (owner uid {info.st_uid}, mode {info.st_mode & 0o777:o}; this runs as uid "
+        f"{os.getuid()}): on the host, `sudo chown -R $(id -u):$(id -g)` the folder, or give its files read access"
+    )

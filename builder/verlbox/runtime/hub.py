@@ -27,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from verlbox import __version__
 from verlbox.errors import UsageError, VerlboxError
-from verlbox.files import write_atomically
+from verlbox.files import unreadable_folder, write_atomically
 
 RECORD = "verlbox-fetch.json"
 RECORD_FORMAT = 1
@@ -211,6 +211,8 @@ def ensure(
     container's); it goes into the command an error suggests."""
     shown_as = shown_as or str(folder)
     folder = _absolute(folder)
+    if problem := unreadable_folder(folder):
+        raise UsageError(problem)
     record = read_record(folder)
     if record is not None:
         return check_record(folder, record, source)

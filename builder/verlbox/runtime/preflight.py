@@ -15,6 +15,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from verlbox.files import unreadable_folder
 from verlbox.runtime import data
 from verlbox.runtime.gpu import CUDA_MIN_DRIVER, UnsupportedGpu, capability_for, has_code_for
 
@@ -212,6 +213,8 @@ def _model_file_problems(model_dir: Path) -> list[str]:
 
 
 def check_model(model_dir: Path) -> Check:
+    if problem := unreadable_folder(model_dir):
+        return Check("model", False, problem)
     if not (model_dir / "config.json").is_file():
         return Check("model", False, f"no model in {model_dir} (no config.json): {_refill(model_dir)}")
     if not any(model_dir.glob("*.safetensors")) and not any(model_dir.glob("pytorch_model*.bin")):
