@@ -215,8 +215,21 @@ def test_a_missing_image_is_one_line_and_creates_nothing(tiny_image: str, run_fo
     assert engine_state() == before
 
 
-def test_without_a_recipe_or_dotenv_compose_default_is_checked_not_pulled(tiny_image: str, run_folder: Path) -> None:
+def test_outside_a_run_folder_it_says_so_instead_of_naming_a_recipe_to_build(run_folder: Path) -> None:
+    """No .env or compose.yaml here, no image named: not advice to build p40 (a long build of a recipe this
+    user may not want), but where to go."""
+    result = run_verlbox("shell", "--no-gpu", "--", "true", cwd=run_folder)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f"verlbox: error: {run_folder} is not a run folder (no .env or compose.yaml): cd into yours (`verlbox init "
+        "DIR` makes one), or name the image: verlbox shell RECIPE, or --image REF"
+    ]
+
+
+def test_with_a_dotenv_and_no_image_named_compose_default_is_checked_not_pulled(
+    tiny_image: str, run_folder: Path
+) -> None:
     before = engine_state()
+    (run_folder / ".env").write_text("VERLBOX_PROFILE=\n")  # a run folder whose .env names no image
     result = run_verlbox("shell", "--no-gpu", "--", "true", cwd=run_folder)
     if docker("image", "inspect", "verlbox/p40:0.1.0", check=False).returncode == 0:
         assert result.returncode == 0, result.stderr  # built here earlier: it runs

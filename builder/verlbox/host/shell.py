@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from verlbox import paths
-from verlbox.errors import VerlboxError
+from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.commands import image_for
 
 # compose's `!reset` (compose >= 2.24) drops the GPU reservation and nothing else: mounts, user,
@@ -183,6 +183,13 @@ def run_checked(args: argparse.Namespace, run: ComposeRun) -> int:
 
 
 def shell(args: argparse.Namespace) -> int:
+    here = Path.cwd()
+    if not (args.recipe or args.image or (here / ".env").is_file() or (here / "compose.yaml").is_file()):
+        # compose's default image would be named otherwise: advice to build a recipe this user may not want
+        raise UsageError(
+            f"{here} is not a run folder (no .env or compose.yaml): cd into yours (`verlbox init DIR` makes one), "
+            "or name the image: verlbox shell RECIPE, or --image REF"
+        )
     with tempfile.TemporaryDirectory(prefix="verlbox-shell-") as scratch:
         override = None
         if args.no_gpu:
