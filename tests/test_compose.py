@@ -59,7 +59,7 @@ def test_train_service_reserves_the_gpu_and_runs_as_the_user(tmp_path: Path, com
     assert train["environment"]["HOME"] == "/tmp"
 
 
-@pytest.mark.parametrize("profiles", [[], ["cluster"], ["watch"]], ids=["default", "cluster", "watch"])
+@pytest.mark.parametrize("profiles", [[], ["cluster"]], ids=["default", "cluster"])
 def test_compose_quiet_validation_of_the_shipped_file(tmp_path: Path, compose_cli, profiles: list[str]) -> None:
     result = subprocess.run(
         [
@@ -86,7 +86,7 @@ def test_every_profile_in_the_file_is_validated(compose_cli) -> None:
 
     services = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]
     named = {profile for service in services.values() for profile in service.get("profiles", [])}
-    assert named == {"cluster", "watch"}
+    assert named == {"cluster"}
 
 
 @pytest.mark.parametrize(("value", "count"), [("", 1), ("2", 2), ("all", -1)])
@@ -105,7 +105,7 @@ def test_cluster_profile_runs_ray_on_the_host_network_with_the_shared_checkpoint
         f"VERLBOX_HEAD_ADDRESS=10.0.0.1\nVERLBOX_RAY_PORT=6390\nVERLBOX_NODES=3\nVERLBOX_CHECKPOINTS={shared}\n"
     )
     default = json.loads(compose_config(tmp_path, {}).stdout)["services"]
-    assert set(default) == {"train"}, "the cluster services must stay out of a plain `docker compose up`"
+    assert set(default) == {"train", "tensorboard"}, "the cluster services must stay out of a plain `docker compose up`"
     result = compose_config(tmp_path, {}, "cluster")
     assert result.returncode == 0, result.stderr
     services = json.loads(result.stdout)["services"]
@@ -130,11 +130,11 @@ def test_tensorboard_serves_on_the_host_s_loopback_only_from_a_read_only_checkpo
     tmp_path: Path, compose_cli
 ) -> None:
     (tmp_path / ".env").write_text("VERLBOX_TENSORBOARD_PORT=16006\nVERLBOX_UID=1234\n")
-    result = compose_config(tmp_path, {}, "watch")
+    result = compose_config(tmp_path, {})
     assert result.returncode == 0, result.stderr
     services = json.loads(result.stdout)["services"]
     board = services["tensorboard"]
-    assert board["profiles"] == ["watch"] and "deploy" not in board  # no GPU for curves
+    assert "profiles" not in board and "deploy" not in board  # no GPU for curves; `down` stops it
     assert [(p["host_ip"], p["published"], p["target"]) for p in board["ports"]] == [("127.0.0.1", "16006", 6006)]
     [mount] = board["volumes"]
     assert (mount["target"], mount["read_only"], mount["source"]) == (

@@ -107,7 +107,8 @@ def test_compose_s_tensorboard_serves_the_run_s_scalars_on_loopback(
         f"VERLBOX_IMAGE={image}\nVERLBOX_UID={os.getuid()}\nVERLBOX_GID={os.getgid()}\nVERLBOX_TENSORBOARD_PORT={port}\n"
     )
     compose = ["docker", "compose", "-f", str(REPO / "compose.yaml"), "--project-directory", str(project_dir)]
-    compose += ["-p", f"verlbox-watch-{uuid.uuid4().hex[:8]}", "--profile", "watch"]
+    project = f"verlbox-watch-{uuid.uuid4().hex[:8]}"
+    compose += ["-p", project]
     up = subprocess.run([*compose, "up", "-d", "tensorboard"], capture_output=True, text=True)
     try:
         assert up.returncode == 0, up.stderr
@@ -130,5 +131,12 @@ def test_compose_s_tensorboard_serves_the_run_s_scalars_on_loopback(
         assert [(m["Destination"], m["RW"]) for m in inspected["Mounts"]] == [("/checkpoints", False)]
         bindings = inspected["HostConfig"]["PortBindings"]["6006/tcp"]
         assert [(b["HostIp"], b["HostPort"]) for b in bindings] == [("127.0.0.1", str(port))]
+        # a plain `down` (no profile named) stops it and removes the network
+        down = subprocess.run([*compose, "down", "--timeout", "5"], capture_output=True, text=True, check=False)
+        assert down.returncode == 0, down.stderr
+        label = f"label=com.docker.compose.project={project}"
+        left = subprocess.run(["docker", "ps", "-aq", "--filter", label], capture_output=True, text=True).stdout
+        networks = subprocess.run(["docker", "network", "ls", "-q", "--filter", label], capture_output=True, text=True)
+        assert left.strip() == "" and networks.stdout.strip() == ""
     finally:
         subprocess.run([*compose, "down", "-v", "--timeout", "5"], capture_output=True, check=False)
