@@ -84,8 +84,9 @@ def test_the_flag_wins_over_the_environment_which_wins_over_the_recipe() -> None
     assert plan(None).profile.name == "p40"
     assert plan(None, environ={PROFILE_VARIABLE: "grpo"}).profile.name == "grpo"
     assert plan("p40", environ={PROFILE_VARIABLE: "grpo"}).profile.name == "p40"
-    with pytest.raises(UsageError, match=r"no training profile named '\.\./p40': verlbox has grpo, p40"):
+    with pytest.raises(UsageError, match=r"no training profile named '\.\./p40': verlbox has grpo, p40 \(ppo = p40\)"):
         plan("../p40")
+    assert plan("ppo").profile.name == "p40"  # the README calls the default PPO: the name works too
 
 
 def test_overrides_cli_shows_the_chosen_profile() -> None:
@@ -98,7 +99,9 @@ def test_overrides_cli_shows_the_chosen_profile() -> None:
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "rollout.n=1" in refused.stderr
     unknown = run_verlbox("train", "--profile", "ppo2", "--recipe", "p40-cu124")
     assert unknown.returncode == 2
-    assert unknown.stderr.strip() == "verlbox: error: no training profile named 'ppo2': verlbox has grpo, p40"
+    assert unknown.stderr.strip() == (
+        "verlbox: error: no training profile named 'ppo2': verlbox has grpo, p40 (ppo = p40)"
+    )
 
 
 def test_a_user_override_wins_over_the_grpo_profile() -> None:

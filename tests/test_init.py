@@ -109,6 +109,16 @@ def test_the_folders_and_env_belong_to_the_caller(tmp_path: Path) -> None:
     assert (run / ".env").stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="only root can hand files to another user, as sudo's root does")
+def test_through_sudo_the_folder_belongs_to_the_user_behind_it(tmp_path: Path) -> None:
+    result = init("run", "--image", IMAGE, cwd=tmp_path, env={"SUDO_UID": "4321", "SUDO_GID": "4322"})
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "run"
+    assert (env_values(run / ".env")["VERLBOX_UID"], env_values(run / ".env")["VERLBOX_GID"]) == ("4321", "4322")
+    for path in [run, *(run / folder for folder in FOLDERS), run / ".env", run / "compose.yaml"]:
+        assert (path.stat().st_uid, path.stat().st_gid) == (4321, 4322), path
+
+
 def test_a_rerun_leaves_equal_files_alone_and_updates_its_own(tmp_path: Path) -> None:
     run = tmp_path / "run"
     assert init("run", "--image", IMAGE, cwd=tmp_path).returncode == 0

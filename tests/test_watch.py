@@ -73,6 +73,12 @@ def test_verlbox_report_writes_the_png_and_bad_folders_are_one_line(run_folder: 
     for folder, says in [(tmp_path / "nowhere", "not a folder"), (empty, "no metrics.jsonl")]:
         result = run_verlbox("report", str(folder))
         assert result.returncode == 2 and len(result.stderr.splitlines()) == 1 and says in result.stderr
+    typo = tmp_path / "reprots" / "r.png"
+    result = run_verlbox("report", str(run_folder), "--out", str(typo))
+    assert result.returncode == 2 and result.stderr.strip() == (
+        f"verlbox: error: --out {typo}: no folder {typo.parent}; make it first, or name a file in a folder"
+    )
+    assert not typo.parent.exists()  # a typo makes no folders
     (run_folder / "run.json").write_text('{"format": 1, "runs": [{"started": ')
     result = run_verlbox("report", str(run_folder), "--out", str(tmp_path / "r.png"))
     assert result.returncode == 2 and "run.json: not a readable run record" in result.stderr

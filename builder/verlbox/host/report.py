@@ -179,5 +179,7 @@ def render_png(report: RunReport) -> bytes:
 
 def write_report(folder: Path, out: Path | None) -> Path:
     target = out or folder / REPORT_FILE
+    if not target.parent.is_dir():  # a typo in --out would otherwise make a tree of folders
+        raise UsageError(f"--out {out}: no folder {target.parent}; make it first, or name a file in a folder")
     write_atomically(target, render_png(read_report(folder)))
     return target

@@ -67,21 +67,36 @@ def init(args: argparse.Namespace) -> int:
     gpus, gpu_problem = gpu_count()
     if gpu_problem:
         notes.append(f"{gpu_problem}: VERLBOX_GPUS=1 (set it in .env)")
-    settings = {
-        "VERLBOX_IMAGE": image,
-        "VERLBOX_UID": str(os.getuid()),
-        "VERLBOX_GID": str(os.getgid()),
-        "VERLBOX_GPUS": str(gpus),
-    }
+    uid, gid = caller(os.environ)
+    settings = {"VERLBOX_IMAGE": image, "VERLBOX_UID": str(uid), "VERLBOX_GID": str(gid), "VERLBOX_GPUS": str(gpus)}
     texts = {"compose.yaml": paths.compose_file().read_text(), ".env": render_env(template, settings)}
     plan = plan_files(directory, texts, force=args.force)
+    new_folder = not directory.exists()
     backups, made = write_run_folder(directory, plan)
+    if (uid, gid) != (os.getuid(), os.getgid()):
+        written = [planned.name for planned in plan if planned.action != "keep"]
+        give_to(directory, [*(["."] if new_folder else []), *made, RECORD, *written], uid, gid)
     for note in notes:
         err.print(f"note: {note}", markup=False)
     err.print(_summary(directory, plan, backups, made, settings), markup=False)
     here = directory.resolve() == Path.cwd().resolve()
     err.print(f"next: {'' if here else f'cd {shlex.quote(str(directory))} && '}docker compose up train", markup=False)
     return 0
+
+
+def caller(environ: dict[str, str] | os._Environ[str]) -> tuple[int, int]:
+    """Who the run folder is for: the user behind `sudo` (SUDO_UID/SUDO_GID, when root runs this through
+    it), else this process's user. A container running as root would leave root's files in the folders."""
+    if os.getuid() == 0 and environ.get("SUDO_UID", "").isdigit() and environ.get("SUDO_GID", "").isdigit():
+        return int(environ["SUDO_UID"]), int(environ["SUDO_GID"])
+    return os.getuid(), os.getgid()
+
+
+def give_to(directory: Path, names: list[str], uid: int, gid: int) -> None:
+    """NAMES in the run folder (`.`: the folder itself), owned by UID:GID (root running through sudo)."""
+    for path in (directory / name for name in names):
+        if path.exists():
+            os.chown(path, uid, gid)
 
 
 def _image(requested: str | None, previous: dict[str, str], notes: list[str]) -> str:

@@ -63,10 +63,16 @@ def profile_names() -> list[str]:
     return sorted(entry.name.removesuffix(".yaml") for entry in PROFILES.iterdir() if entry.name.endswith(".yaml"))
 
 
+# the names the README uses for the algorithms: PPO is the P40 profile (the image's default)
+PROFILE_ALIASES = {"ppo": "p40"}
+
+
 def known_profile(name: str) -> str:
     names = profile_names()
+    name = PROFILE_ALIASES.get(name, name)
     if name not in names:  # looked up among the files, never joined into a path
-        raise UsageError(f"no training profile named {name!r}: verlbox has {', '.join(names)}")
+        aliases = ", ".join(f"{alias} = {target}" for alias, target in PROFILE_ALIASES.items())
+        raise UsageError(f"no training profile named {name!r}: verlbox has {', '.join(names)} ({aliases})")
     return name
 
 
