@@ -132,11 +132,13 @@ def patch_verl(args: argparse.Namespace) -> int:
 
 
 def print_results(results: list, console: Console = out) -> None:
-    table = Table("tier", "check", "result", "detail")
+    """One row per check; a long detail wraps within its cell, never cut short (the whole of it is the point)."""
+    table = Table("tier", "check", "result")
+    table.add_column("detail", overflow="fold")
     colours = {"passed": "green", "failed": "red", "skipped": "yellow"}
     for result in results:
         table.add_row(result.tier, result.name, f"[{colours[result.status]}]{result.status}[/]", result.detail)
-    console.print(table)
+    console.print(table, soft_wrap=False)
 
 
 def _real_model(args: argparse.Namespace) -> RealModel | None:
