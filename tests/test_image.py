@@ -179,13 +179,19 @@ def test_verify_names_a_package_that_differs_from_the_lock(image: str, tmp_path:
     tampered = derived_image(
         tmp_path,
         "verlbox-test/tampered-verify:ci",
-        f"FROM {image}\nRUN pip uninstall -y codetiming && printf '{planted}' >> /var/lib/dpkg/status\n",
+        f"FROM {image}\nRUN pip uninstall -y codetiming && printf '{planted}' >> /var/lib/dpkg/status \\\n"
+        # a patched verl file swapped after the build: nothing of the lock changes, yet the image is not intact
+        "    && echo '# swapped' >> \"$(python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
+        '/verl/workers/actor/dp_actor.py"\n',
     )
     try:
+        intact = run_verlbox("verify", image)
+        assert intact.returncode == 0 and "placed file" not in intact.stdout, intact.stdout
         result = run_verlbox("verify", tampered)
         assert result.returncode == 1
         assert "python codetiming: lock 1.4.0, image absent" in result.stdout
         assert "debian planted: image 1.0, not in the lock" in result.stdout
+        assert "placed file verl/verl/workers/actor/dp_actor.py: changed since the build (sha256 " in result.stdout
     finally:
         docker("image", "rm", tampered, check=False)
 

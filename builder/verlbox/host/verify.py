@@ -6,7 +6,9 @@ Debian package's installed version, and any Debian package the lock does not lis
 bootstrapped base, whose packages it lists); the recipe the image was built from; the base's identity
 (registry digest, or for a local base its package list); Apex's recorded source commit against the
 recipe, and its wheel's sha256 against the lock's (Apex compiles to the same bytes from the same plan,
-archive and toolchain, so a built image and one built from a bundle are held to the same wheel).
+archive and toolchain, so a built image and one built from a bundle are held to the same wheel); and every
+file verlbox placed (the patched verl, its own runtime) against the hashes the build recorded (placed.py):
+the lock alone cannot see a file swapped inside an installed package.
 """
 
 from __future__ import annotations
@@ -36,7 +38,12 @@ except m.PackageNotFoundError:
     apex = None
 records = sorted(Path("/opt/verlbox/build-record/compiled").glob("*.json"))
 compiled = {p.stem: json.loads(p.read_text()) for p in records}
-print(json.dumps({"pip": pip, "apt": apt.split(), "apex": apex, "compiled": compiled}))
+try:
+    from verlbox.runtime.placed import changed_since_build
+    placed = changed_since_build()
+except ImportError:
+    placed = ["no verlbox runtime in the image to check what it placed"]
+print(json.dumps({"pip": pip, "apt": apt.split(), "apex": apex, "compiled": compiled, "placed": placed}))
 """
 
 
@@ -106,6 +113,7 @@ def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> list[
     if apex and inside["apex"] != apex.commit:
         found.append(f"apex: image built from {inside['apex'] or 'an unrecorded source'}, recipe pins {apex.commit}")
     found += _base_differences(lock, labels.get("io.verlbox.base"))
+    found += [f"placed file {line}" for line in inside.get("placed", [])]  # the patched verl, verlbox's runtime
     return found + _compiled_differences(lock, inside.get("compiled", {}))
 
 
