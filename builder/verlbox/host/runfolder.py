@@ -27,6 +27,7 @@ import docker
 from rich.console import Console
 
 from verlbox import paths
+from verlbox.dotenv import dotenv_values
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
 from verlbox.host.engine import EngineError, client
@@ -182,21 +183,6 @@ def gpu_count() -> tuple[int, str | None]:
     # MIG devices are indented lines under their GPU: one container reservation per physical GPU
     count = sum(line.startswith("GPU ") for line in listing.stdout.splitlines())
     return (count, None) if count else (1, "nvidia-smi -L lists no GPU")
-
-
-def dotenv_values_of(text: str) -> dict[str, str]:
-    """KEY=VALUE lines as compose reads the plain ones (init writes no quotes)."""
-    lines = (line.strip() for line in text.splitlines())
-    pairs = (line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
-    return {key.strip(): value.strip() for key, value in pairs}
-
-
-def dotenv_values(path: Path) -> dict[str, str]:
-    """A .env's values; none where it cannot be read (planning the files then says why, in one line)."""
-    try:
-        return dotenv_values_of(path.read_text(errors="replace"))
-    except OSError:
-        return {}
 
 
 def render_env(template: str, settings: dict[str, str]) -> str:

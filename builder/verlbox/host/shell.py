@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from verlbox import paths
+from verlbox.dotenv import dotenv_values
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.commands import image_for
 
@@ -42,13 +43,6 @@ class ComposeRun:
         return [*self.compose, *self.run]
 
 
-def _dotenv_keys(path: Path) -> set[str]:
-    if not path.is_file():
-        return set()
-    lines = (line.strip() for line in path.read_text(errors="replace").splitlines())
-    return {line.split("=", 1)[0].strip() for line in lines if "=" in line and not line.startswith("#")}
-
-
 def shell_command(
     args: argparse.Namespace, workdir: Path, environ: dict[str, str], override: Path | None = None
 ) -> ComposeRun:
@@ -67,7 +61,7 @@ def shell_command(
     compose = [require_cli(), "compose", *(word for file in files for word in ("-f", str(file)))]
     compose += ["--project-directory", str(workdir)]
     entrypoint, *rest = args.one_command or ["bash"]
-    already = set(environ) | _dotenv_keys(workdir / ".env")
+    already = set(environ) | set(dotenv_values(workdir / ".env"))
     environment: dict[str, str] = {}
     if args.recipe or args.image:
         environment["VERLBOX_IMAGE"] = image_for(args)

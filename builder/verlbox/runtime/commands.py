@@ -104,9 +104,14 @@ def prepare_data(args: argparse.Namespace) -> int:
 def fetch(args: argparse.Namespace) -> int:
     """The model or GSM8K into --out, as `train` fetches it on first start; a folder that already holds it
     is checked against its record instead."""
+    from verlbox.dotenv import dotenv_values
     from verlbox.runtime import hub
 
     environ = dict(os.environ)
+    settings = {} if environ.get(SPEC_VARIABLE) else dotenv_values(Path(".env"))
+    if settings:  # on the host, in a run folder: its settings, as compose gives them to train (the shell's win)
+        environ = {key: value for key, value in settings.items() if value} | environ
+        err.print(f"settings from {Path('.env').resolve()}", markup=False)
     source = hub.source_from_environment(args.what, environ, args.repo, args.revision)
     done = hub.ensure(
         source,
@@ -114,6 +119,7 @@ def fetch(args: argparse.Namespace) -> int:
         hub.Hub.from_environment(environ),
         lambda text: err.print(text, markup=False),
         by_hand=False,
+        suggest=False,
     )
     out.print(done, markup=False)
     return 0

@@ -203,13 +203,15 @@ def ensure(
     *,
     shown_as: str | None = None,
     by_hand: bool = True,
+    suggest: bool = True,
 ) -> str:
     """Make FOLDER hold SOURCE and say how: checked against its record, used as is when filled by hand
     (BY_HAND; the caller's own checks judge it), else fetched when missing or empty.
 
     SHOWN_AS is the folder as the user names it where `verlbox fetch` runs (the run folder's path, not the
     container's); it goes into the command an error suggests."""
-    shown_as = shown_as or str(folder)
+    # `verlbox fetch` itself (SUGGEST false) is not told to run `verlbox fetch`: it is what just failed
+    shown = (shown_as or str(folder)) if suggest else None
     folder = _absolute(folder)
     if problem := unreadable_folder(folder):
         raise UsageError(problem)
@@ -222,7 +224,7 @@ def ensure(
         raise UsageError(f"{folder} already holds files but no {RECORD}: fetch into a new or empty folder")
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{folder} is a file: fetch into a folder")
-    record = fetch(source, folder, hub, say, shown_as)
+    record = fetch(source, folder, hub, say, shown)
     return f"fetched {record.describe()} into {folder} (recorded in its {RECORD})"
 
 
@@ -274,7 +276,7 @@ def _changed(folder: Path, path: Path, found: str) -> FetchError:
     )
 
 
-def fetch(source: Source, folder: Path, hub: Hub, say: Callable[[str], None], shown_as: str) -> Record:
+def fetch(source: Source, folder: Path, hub: Hub, say: Callable[[str], None], shown_as: str | None) -> Record:
     """Download SOURCE into FOLDER.partial (resuming what an earlier attempt left), verify it, record it, move it
     into place. Every failure is one FetchError naming FOLDER and the command that fills it elsewhere."""
     if hub.offline:
@@ -398,15 +400,18 @@ def _hexdigests(path: Path, *digests: Any) -> list[str]:
     return [digest.hexdigest() for digest in digests]
 
 
-def _unavailable(source: Source, folder: Path, shown_as: str, why: str) -> FetchError:
-    return FetchError(
-        f"cannot fetch {source.repo} ({source.revision}) into {folder}: {why}; fill it on a connected machine "
-        f"with `{source.command(shown_as)}` and copy that folder here"
-    )
+def _unavailable(source: Source, folder: Path, shown_as: str | None, why: str, *, elsewhere: bool = True) -> FetchError:
+    """One sentence; where another machine can help (the hub out of reach from `train`), the command that
+    fills the folder there (SHOWN_AS: the folder as it is named there). None for `verlbox fetch` itself,
+    which that command would only repeat, and none for a wrong name or a refused token."""
+    advice = ""
+    if elsewhere and shown_as is not None:
+        advice = f"; fill it on a connected machine with `{source.command(shown_as)}` and copy that folder here"
+    return FetchError(f"cannot fetch {source.repo} ({source.revision}) into {folder}: {why}{advice}")
 
 
 @contextmanager
-def _hub_errors(source: Source, folder: Path, hub: Hub, shown_as: str, kept: Path | None) -> Iterator[None]:
+def _hub_errors(source: Source, folder: Path, hub: Hub, shown_as: str | None, kept: Path | None) -> Iterator[None]:
     """The hub client's exceptions as one sentence each: what went wrong, and the command that fills FOLDER.
     KEPT: where a broken download's bytes wait for the next start (None while nothing is downloaded yet)."""
     import requests
@@ -420,20 +425,23 @@ def _hub_errors(source: Source, folder: Path, hub: Hub, shown_as: str, kept: Pat
     )
 
     resume = f"; what arrived is kept in {kept} and the next start resumes it" if kept else ""
-    reasons: list[tuple[type[BaseException] | tuple[type[BaseException], ...], Callable[[Any], str]]] = [
-        (OfflineModeIsEnabled, lambda _: "HF_HUB_OFFLINE is set"),
+    # the user's own settings: fixed by changing them, not by another machine
+    settings: list[tuple[type[BaseException], Callable[[Any], str]]] = [
         (GatedRepoError, lambda _: f"{source.repo} is gated: accept its terms on the hub and set HF_TOKEN"),
         (
             RepositoryNotFoundError,
             lambda _: (
-                f"{hub.shown} has no {source.repo_type} {source.repo} ({source.setting('repo')}; "
-                "a private one needs HF_TOKEN)"
+                f"repository not found: {hub.shown} has no {source.repo_type} {source.repo} "
+                f"(check {source.setting('repo')}; a private one needs HF_TOKEN)"
             ),
         ),
         (
             RevisionNotFoundError,
             lambda _: f"{source.repo} has no revision {source.revision} ({source.setting('revision')})",
         ),
+    ]
+    reasons: list[tuple[type[BaseException] | tuple[type[BaseException], ...], Callable[[Any], str]]] = [
+        (OfflineModeIsEnabled, lambda _: "HF_HUB_OFFLINE is set"),
         # the client's "cannot locate the files" wraps what actually failed: a connection, a status
         (LocalEntryNotFoundError, lambda exc: _cause(exc, hub) + resume),
         (HfHubHTTPError, lambda exc: _http_status(exc, hub)),
@@ -449,6 +457,9 @@ def _hub_errors(source: Source, folder: Path, hub: Hub, shown_as: str, kept: Pat
     except VerlboxError:
         raise  # already one sentence of its own (a file that arrived different), not a failure of the client
     except Exception as exc:
+        for kind, reason in settings:
+            if isinstance(exc, kind):
+                raise _unavailable(source, folder, shown_as, reason(exc), elsewhere=False) from None
         for kind, reason in reasons:
             if isinstance(exc, kind):
                 raise _unavailable(source, folder, shown_as, reason(exc)) from None
