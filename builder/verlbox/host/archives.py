@@ -9,7 +9,6 @@ passed, so the cache never holds bytes that were not checked.
 
 from __future__ import annotations
 
-import base64
 import gzip
 import hashlib
 import http.client
@@ -26,7 +25,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from verlbox.errors import UsageError, VerlboxError
-from verlbox.runtime.hub import redact
+from verlbox.host.upstream import opener, request_for
+from verlbox.runtime.urls import redact
 
 CHUNK = 1 << 20
 FETCH_TIMEOUT_S = 60
@@ -97,20 +97,8 @@ def mirror_url(base: str, name: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{name}"))
 
 
-def _request(url: str) -> urllib.request.Request:
-    """urllib ignores a URL's user:password; a mirror that needs them gets them as Basic auth."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.username is None:
-        return urllib.request.Request(url)
-    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-    user = urllib.parse.unquote(parts.username)
-    password = urllib.parse.unquote(parts.password or "")
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return urllib.request.Request(bare, headers={"Authorization": f"Basic {token}"})
-
-
 def _download(url: str, target: Path, label: str, console: Console) -> None:
-    with urllib.request.urlopen(_request(url), timeout=FETCH_TIMEOUT_S) as response, target.open("wb") as out:
+    with opener().open(request_for(url), timeout=FETCH_TIMEOUT_S) as response, target.open("wb") as out:
         size = response.headers.get("Content-Length")
         expected = int(size) if size and size.isdigit() else None
         columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())

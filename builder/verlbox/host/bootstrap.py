@@ -22,7 +22,7 @@ from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.engine import image_exists, require_cli
 from verlbox.host.recipe import Bootstrap
 from verlbox.host.sources import shown_url
-from verlbox.runtime.hub import redact
+from verlbox.runtime.urls import redact
 
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 _ONE_LINE = re.compile(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(\S+)")

@@ -84,7 +84,7 @@ def write_context(
     steps = tools / "steps"
     steps.mkdir()
     (steps / "steps.sh").write_text(_template_text("steps.sh"))
-    for module in ("build_steps.py", "build_record.py"):
+    for module in ("build_steps.py", "build_record.py", "urls.py"):
         shutil.copy2(paths.PACKAGE_DIR / "runtime" / module, steps / module)
     shutil.copy2(paths.PACKAGE_DIR / "runtime" / "compiled_record.py", tools / "compiled.py")
     if plan.offline:

@@ -20,7 +20,7 @@ from rich.console import Console
 
 from verlbox.errors import UsageError
 from verlbox.host.archives import AcceptedArchive, ArchivePin, check_archive, fetch_archive, mirror_url
-from verlbox.runtime.hub import redact
+from verlbox.runtime.urls import redact
 
 if TYPE_CHECKING:
     from verlbox.host.recipe import Base

@@ -1,11 +1,13 @@
 """Asking upstreams over HTTP: one client with the build's CA and a time limit, whose every failure is one
 line (no traceback, no credential), and the registry's anonymous token exchange Docker Hub uses.
 
-`verlbox build RECIPE --check` (pins.py) asks through this; nothing here knows what a recipe is.
+`verlbox build RECIPE --check` (pins.py) and the source archives' download (archives.py) ask through this;
+nothing here knows what a recipe is.
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import re
@@ -18,6 +20,7 @@ from pathlib import Path
 from urllib.parse import urlencode, urlsplit
 
 from verlbox.host.reference import parse_reference
+from verlbox.runtime.urls import login, split_userinfo
 
 # Docker Hub's registry API: a name without a registry host is there (official images under library/)
 DOCKER_HUB_REGISTRY = "registry-1.docker.io"
@@ -44,31 +47,56 @@ class Answer:
 
 def host_of(url: str) -> str:
     """The host[:port] of URL, without a login: what a line may name."""
-    parts = urlsplit(url)
+    parts = urlsplit(split_userinfo(url)[0])
     return f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname or "?"
 
 
-class _KeepMethod(urllib.request.HTTPRedirectHandler):
-    """A redirected HEAD stays a HEAD (urllib turns it into a GET, which would fetch a whole wheel)."""
+class SafeRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirected HEAD stays a HEAD (urllib turns it into a GET, which would fetch a whole wheel), and a
+    login goes no further than the scheme, host and port it was given for (urllib copies it everywhere)."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None:
-            new.method = req.get_method()
+        if new is None:
+            return None
+        new.method = req.get_method()
+        if _origin(new.full_url) != _origin(req.full_url):
+            new.headers.pop("Authorization", None)
+            new.unredirected_hdrs.pop("Authorization", None)
         return new
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
+def opener(ca_bundle: Path | None = None) -> urllib.request.OpenerDirector:
+    """urllib with the build's CA bundle and SafeRedirect."""
+    context = ssl.create_default_context(cafile=str(ca_bundle) if ca_bundle else None)
+    return urllib.request.build_opener(SafeRedirect(), urllib.request.HTTPSHandler(context=context))
+
+
+def request_for(url: str, method: str = "GET", headers: dict[str, str] | None = None) -> urllib.request.Request:
+    """A request for URL; its credentials (urls.py's rule) go as Basic auth, which urllib would ignore."""
+    bare, userinfo = split_userinfo(url)
+    headers = {"User-Agent": "verlbox", **(headers or {})}
+    if userinfo is not None:
+        token = base64.b64encode(":".join(login(userinfo)).encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+    return urllib.request.Request(bare, method=method, headers=headers)
 
 
 class Http:
     """HTTP(S) with the build's CA bundle and TIMEOUT seconds for each answer."""
 
     def __init__(self, ca_bundle: Path | None, timeout: float) -> None:
-        context = ssl.create_default_context(cafile=str(ca_bundle) if ca_bundle else None)
         self.timeout = timeout
-        self._opener = urllib.request.build_opener(_KeepMethod(), urllib.request.HTTPSHandler(context=context))
+        self._opener = opener(ca_bundle)
 
     def request(self, url: str, *, method: str = "GET", headers: dict[str, str] | None = None) -> Answer:
         """The answer, whatever its status; UpstreamError when there is none (refused, timed out, cut short)."""
-        request = urllib.request.Request(url, method=method, headers={"User-Agent": "verlbox", **(headers or {})})
+        request = request_for(url, method, headers)
         try:
             with self._opener.open(request, timeout=self.timeout) as response:
                 return Answer(response.status, response.headers, response.read() if method != "HEAD" else b"")

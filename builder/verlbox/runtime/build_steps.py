@@ -32,12 +32,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlsplit, urlunsplit
 
-try:  # in a build step, build_record.py is mounted beside this file; verlbox is not installed yet
+try:  # in a build step, build_record.py and urls.py are mounted beside this file; verlbox is not installed yet
     import build_record  # type: ignore[import-not-found]
+    import urls  # type: ignore[import-not-found]
 except ImportError:
-    from verlbox.runtime import build_record
+    from verlbox.runtime import build_record, urls
 
 SECRETS = Path("/run/secrets")
 TOOLS = Path("/tmp/verlbox")
@@ -208,20 +208,18 @@ def redate_uv_marker(info: Path, epoch: int) -> None:
 
 
 def bare_url(url: str) -> tuple[str, tuple[str, str, str] | None]:
-    """URL without its userinfo, and (machine, login, password) for apt's auth.conf when it had one."""
+    """URL without its credentials (urls.py's one rule), and (machine, login, password) for apt's auth.conf."""
     # apt puts its own paths after the URL: a query or fragment would stand before them
     if not re.fullmatch(r"(https?|file)://[^\s?#]+", url):
         raise StepError("the build's apt mirror is not an http(s):// or file:// URL without spaces, '?' or '#'")
-    parts = urlsplit(url)
-    userinfo, _, netloc = parts.netloc.rpartition("@")
-    if not userinfo:
+    bare, userinfo = urls.split_userinfo(url)
+    if userinfo is None:
         return url, None
-    login, _, password = (unquote(part) for part in userinfo.partition(":"))
+    login, password = urls.login(userinfo)
     if not password or re.search(r"\s", login + password):
         raise StepError("the build's apt mirror has a login apt cannot take: give it as USER:PASSWORD, no spaces")
     # with its scheme: an entry without one would apply to https only
-    machine = f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
-    return urlunsplit(parts._replace(netloc=netloc)), (machine, login, password)
+    return bare, (bare.rstrip("/"), login, password)
 
 
 def mirrored(text: str, mirror: str, deb822: bool) -> str:

@@ -23,11 +23,11 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from verlbox import __version__
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import unreadable_folder, write_atomically
+from verlbox.runtime.urls import redact
 
 RECORD = "verlbox-fetch.json"
 RECORD_FORMAT = 1
@@ -49,12 +49,6 @@ CLIENT_STATE = ".cache"
 
 class FetchError(VerlboxError):
     """The hub could not fill a folder, or a filled folder no longer matches its record."""
-
-
-def redact(url: str) -> str:
-    """URL as it may be shown or recorded: without the user:password@ or ?query that can carry a credential."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment=""))
 
 
 @dataclass(frozen=True)
