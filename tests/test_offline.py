@@ -203,14 +203,22 @@ def _add_a_deb(folder: Path) -> None:
     (folder / "debs" / "python" / "evil_1.0_amd64.deb").write_bytes(deb.read_bytes())
 
 
+def _add_a_build_backend(folder: Path) -> None:
+    """A setuptools newer than any pin beside the lock's sdists: an offline pip or uv building one would take it
+    from wheels/ and run its build hook (a real wheel's bytes under a name no lock has)."""
+    wheel = sorted((folder / "wheels").glob("setuptools-*.whl"))[0]
+    (folder / "wheels" / "setuptools-99.0.0-py3-none-any.whl").write_bytes(wheel.read_bytes())
+
+
 @pytest.mark.parametrize(
     ("change", "refusal"),
     [
         (_swap_apex_wheel, "is not a apex wheel the lock pins"),
         (_tamper_a_deb, "but Debian's signed index lists"),
         (_add_a_deb, "evil=1.0 not in the lock's step python"),
+        (_add_a_build_backend, "setuptools-99.0.0-py3-none-any.whl: not a file the lock names"),
     ],
-    ids=["swapped-apex-wheel", "tampered-deb", "extra-deb"],
+    ids=["swapped-apex-wheel", "tampered-deb", "extra-deb", "extra-build-backend"],
 )
 def test_a_crafted_bundle_is_refused_in_one_line_before_any_step_and_the_engine_is_unchanged(
     bundle: Path, tmp_path: Path, change: Callable[[Path], object], refusal: str

@@ -357,6 +357,21 @@ def check_debs_indexed(bundle: Path, manifest: Manifest, entries: IndexEntries) 
             )
 
 
+def check_wheels(bundle: Path, manifest: Manifest, lock: Lock) -> None:
+    """wheels/ holds only files the lock names, each with the lock's sha256 (the manifest is the bundle's
+    own word): an offline pip or uv finds links in that folder, so any other file there (a build backend an
+    sdist would pick up) is code that no lock pinned."""
+    pinned = {entry.file: entry.sha256 for step in lock.steps for entry in step.pip}
+    for name, digest in sorted(manifest.files.items()):
+        parts = PurePosixPath(name).parts
+        if parts[0] != "wheels":
+            continue
+        if len(parts) != 2 or parts[1] not in pinned:
+            raise UsageError(f"{bundle / name}: not a file the lock names; a bundle's wheels/ holds the lock's only")
+        if digest != pinned[parts[1]]:
+            raise UsageError(f"{bundle / name}: sha256 {digest}, but the lock pins {pinned[parts[1]]}")
+
+
 def check_compiled(plan: BuildPlan, bundle: Path, manifest: Manifest, lock: Lock, shown_as: Path | None = None) -> None:
     """Each builder stage's wheels in the bundle (Apex's) are exactly the ones the lock pins, by file name
     and sha256: the offline build installs every wheel of that folder, and a wheel is code. SHOWN_AS names

@@ -189,6 +189,7 @@ def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) ->
         check_debs_indexed,
         check_files,
         check_manifest,
+        check_wheels,
         index_entries,
         load_base,
         offline_repository,
@@ -212,6 +213,7 @@ def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) ->
     check_debs(bundle, manifest, plan.lock)  # the manifest is only an index: the lock decides the packages
     entries = index_entries(bundle, manifest)  # the bundle's Packages indexes, read once for both below
     check_debs_indexed(bundle, manifest, entries)  # each .deb's hash as Debian's signed index lists it (apt too)
+    check_wheels(bundle, manifest, plan.lock)  # wheels/: the lock's files only, by the lock's sha256
     check_compiled(plan, bundle, manifest, plan.lock)  # and the compiled wheels, by sha256
     repository = offline_repository(bundle, manifest, entries)  # apt's sources, and where each .deb goes
     load_base(bundle, manifest, plan.lock, err)
