@@ -462,3 +462,39 @@ def test_a_model_without_safetensors_skips_the_space_check_and_says_so(root: Pat
     assert run(overrides_for(root, "actor_rollout_ref.model.path=/nowhere", "critic.model.path=/nowhere")) == [
         "checkpoints: no safetensors weights in /nowhere to size a save from; free space not checked"
     ]
+
+
+def torch_saved(path: Path, payload: bytes = b"\1" * 4096) -> bytes:
+    """A file as torch.save writes it: a ZIP archive (its data.pkl and data)."""
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("archive/data.pkl", payload)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(buffer.getvalue())
+    return buffer.getvalue()
+
+
+def test_a_save_cut_short_by_a_power_cut_is_incomplete_and_the_last_whole_one_is_kept(
+    root: Path, verl_tree: Path, small_model: None
+) -> None:
+    """verl does not fsync: after a power cut global_step_100 has its files, data.pt and the tracker, but 0-byte
+    or cut .pt files. Before, it counted as complete: every restart failed to load it, and keep=1 removed 75."""
+    for step in (75, 100):
+        folder = save_step(root, step)
+        for path in sorted(folder.rglob("*.pt")):
+            whole = torch_saved(path)
+            if step == 100 and "actor" in path.parts:
+                path.write_bytes(b"" if "model" in path.name else whole[: len(whole) // 2])
+    tracker(root).write_text("100")
+    assert checkpoints.whole_file(root / "global_step_75" / "actor" / "model_world_size_1_rank_0.pt")
+    assert not checkpoints.whole_file(root / "global_step_100" / "actor" / "model_world_size_1_rank_0.pt")
+    assert not checkpoints.whole_file(root / "global_step_100" / "actor" / "optim_world_size_1_rank_0.pt")
+    lines = run(overrides_for(root, "trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=1"))
+    assert lines[0] == (
+        "checkpoints: latest_checkpointed_iteration.txt named global_step_100, which is incomplete (a save cut "
+        "short); pointed it at global_step_75, the newest complete save"
+    )
+    assert verl_find_latest(verl_tree)(str(root)) == str(root / "global_step_75")
+    assert (root / "global_step_75").is_dir()  # keep=1 never removes the newest whole save

@@ -44,8 +44,12 @@ TRACKER = "latest_checkpointed_iteration.txt"
 # leading zeros: any other name is not verl's and is never touched
 STEP_FOLDER = re.compile(r"global_step_(0|[1-9][0-9]*)")
 # written by the driver only after every rank of the actor and the critic has saved (their save_checkpoint
-# calls return after a barrier): its presence says the rank files are whole, not cut short mid-write
+# calls return after a barrier). Its presence says the ranks finished writing, not that the bytes reached the
+# disk: verl never fsyncs, so after a power cut each file is checked whole as well (whole_file)
 DATALOADER_FILE = "data.pt"
+# torch.save's format (a ZIP archive since torch 1.6): a local header first, the end-of-central-directory
+# record last (22 bytes, then a comment torch never writes)
+ZIP_START, ZIP_END, ZIP_END_MAX = b"PK\x03\x04", b"PK\x05\x06", 22 + 65535
 # load_contents/save_contents entry -> the prefix of its per-rank file (fsdp_checkpoint_manager.py,
 # save_checkpoint: f"{prefix}_world_size_{world_size}_rank_{rank}.pt")
 SHARD_PREFIXES = {"model": "model", "optimizer": "optim", "extra": "extra_state"}
@@ -150,9 +154,26 @@ def scan(folder: Path, load_contents: dict[str, tuple[str, ...]]) -> list[StepFo
     return sorted(steps, key=lambda folder: folder.step)
 
 
+def whole_file(path: Path) -> bool:
+    """PATH as torch.save leaves it when the write finished: not empty, and a ZIP archive ending with its
+    end-of-central-directory record (a tail read, nothing loaded). A power cut leaves 0 bytes or a cut tail."""
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            return False
+        with path.open("rb") as handle:
+            start = handle.read(len(ZIP_START))
+            handle.seek(max(0, size - ZIP_END_MAX))
+            tail = handle.read()
+    except OSError:
+        return False
+    return start != ZIP_START or ZIP_END in tail  # an older, non-ZIP pickle: its length is all there is
+
+
 def is_complete(step_folder: Path, load_contents: dict[str, tuple[str, ...]]) -> bool:
-    """Every role holds every rank's files for one world size (the one verl saved with), and data.pt is there."""
-    if not (step_folder / DATALOADER_FILE).is_file():
+    """Every role holds every rank's files, each whole, for one world size (the one verl saved with), and a
+    whole data.pt is there."""
+    if not whole_file(step_folder / DATALOADER_FILE):
         return False
     sizes = saved_world_sizes(step_folder, load_contents)
     return sizes is None or bool(sizes)
@@ -178,7 +199,7 @@ def _complete_world_sizes(role_folder: Path, prefixes: set[str]) -> set[int] | N
     if role_folder.is_dir():
         for entry in role_folder.iterdir():
             match = SHARD_FILE.fullmatch(entry.name)
-            if match and entry.is_file():
+            if match and entry.is_file() and whole_file(entry):
                 found.setdefault(int(match[2]), set()).add((match[1], int(match[3])))
     return {size for size, files in found.items() if {(p, r) for p in prefixes for r in range(size)} <= files}
 
