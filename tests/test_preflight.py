@@ -171,3 +171,52 @@ def test_train_on_a_host_without_the_stack_says_where_it_runs(tmp_path: Path) ->
         "`verlbox overrides p40-cu124` checks its overrides here\n"
     )
     assert result.stdout == ""
+
+
+FAKE_TORCH = """
+import os
+from types import SimpleNamespace
+version = SimpleNamespace(cuda="12.4")
+_C = SimpleNamespace(_cuda_getArchFlags=lambda: "sm_60 sm_70")
+
+
+class cuda:
+    @staticmethod
+    def is_available():
+        return True
+
+    @staticmethod
+    def device_count():
+        return 1
+
+    @staticmethod
+    def get_device_properties(index):
+        return SimpleNamespace(name="Tesla P40", major=6, minor=1)
+
+    @staticmethod
+    def mem_get_info(index):  # what makes a CUDA context: the marker says which process asked
+        with open(os.environ["CONTEXT_MARKER"], "a") as marker:
+            marker.write(f"{os.getpid()}\\n")
+        return 23 * 2**30, 24 * 2**30
+"""
+
+
+def test_the_gpu_is_probed_by_a_child_so_the_supervising_process_holds_no_cuda_context(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mem_get_info makes a CUDA context (518 MiB measured on the H200) that stayed with `verlbox train` for the
+    whole run. The facts now come from a child process; this one never imports torch."""
+    import os
+    import sys
+
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    marker = tmp_path / "contexts"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    monkeypatch.setenv("CONTEXT_MARKER", str(marker))
+    monkeypatch.delenv("VERLBOX_GPU_MEMORY_GIB", raising=False)
+    facts = preflight.probe_gpu()
+    assert [(d.name, d.compute_capability, d.total_gib) for d in facts.devices] == [("Tesla P40", "6.1", 24.0)]
+    assert facts.compiled_archs == ["sm_60", "sm_70"]
+    (asked_by,) = marker.read_text().split()
+    assert int(asked_by) != os.getpid() and "torch" not in sys.modules

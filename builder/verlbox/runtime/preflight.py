@@ -9,12 +9,15 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from packaging.version import Version
 
+from verlbox.errors import PreflightFailed
 from verlbox.files import unreadable_folder
 from verlbox.runtime import data
 from verlbox.runtime.gpu import CUDA_MIN_DRIVER, UnsupportedGpu, capability_for, has_code_for
@@ -45,6 +48,27 @@ class GpuFacts:
 
 
 def probe_gpu() -> GpuFacts:
+    """The GPU facts, asked by a short-lived child process: torch's mem_get_info makes a CUDA context (about
+    500 MiB of the GPU), which would otherwise stay with `train`, the process that supervises the whole run."""
+    child = subprocess.run(
+        [sys.executable, "-c", "from verlbox.runtime.preflight import print_gpu_facts; print_gpu_facts()"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if child.returncode != 0 or not child.stdout.strip():
+        last = (child.stderr.strip().splitlines() or ["no output"])[-1]
+        raise PreflightFailed(f"the GPU probe (torch in a child process) failed: {last}")
+    data = json.loads(child.stdout.strip().splitlines()[-1])
+    return GpuFacts(**(data | {"devices": [GpuDevice(**device) for device in data["devices"]]}))
+
+
+def print_gpu_facts() -> None:
+    """The child's side of probe_gpu: the facts as one JSON line."""
+    print(json.dumps(asdict(probe_gpu_here())))
+
+
+def probe_gpu_here() -> GpuFacts:
     import torch
 
     devices = []
