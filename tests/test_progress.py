@@ -219,14 +219,50 @@ def test_the_profile_turns_on_verl_s_tensorboard_logger_writing_into_the_run_fol
 
 
 def test_a_log_that_cannot_be_written_still_leaves_the_pipe_read_to_its_end(tmp_path: Path) -> None:
-    """A full or failing checkpoint disk: the reader goes on (verl would block on a full pipe otherwise),
-    saying once that the compact progress stopped, and verl's lines pass through as they are."""
+    """A full or failing checkpoint disk: the reader goes on (verl would block on a full pipe otherwise), says
+    once per file that it cannot write, and the console keeps its compact lines."""
     (tmp_path / "not-a-folder").write_text("")
     shown: list[str] = []
     watch = RunWatch(tmp_path / "not-a-folder", Progress(16, 24), lambda t: shown.append(str(t)))
     lines = recorded_lines()
     reader = watch.follow(io.BytesIO("\n".join(lines).encode() + b"\n"))
     reader.join(timeout=10)
-    assert not reader.is_alive() and watch.broken
-    assert shown[0].startswith("verlbox: the compact progress stopped (cannot write")
-    assert shown[1:] == lines
+    assert not reader.is_alive()
+    said = [line for line in shown if line.startswith("verlbox: cannot write")]
+    assert len(said) == 2 and {progress.LOG_FILE in said[0], progress.METRICS_FILE in said[1]} == {True}
+    steps = [line for line in lines if parse_step(line) is not None]
+    assert len([line for line in shown if line.startswith("step ")]) == len(steps)
+
+
+def test_a_file_that_failed_is_written_again_once_the_disk_recovers_on_a_line_of_its_own(tmp_path: Path) -> None:
+    """Before, one failed write stopped verl.log and metrics.jsonl for the container's life, and the next
+    attempt's header was glued onto a line cut mid-write."""
+    said: list[str] = []
+    blocked = tmp_path / "run"
+    blocked.write_text("")  # a file where the folder belongs: every write fails, as on a full disk
+    sink = progress.FileSink(blocked / "verl.log", said.append)
+    sink.write("first\n")
+    sink.write("second\n")
+    assert said == [f"verlbox: cannot write {blocked / 'verl.log'} (File exists); trying again at each line"]
+    blocked.unlink()
+    blocked.mkdir()
+    (blocked / "verl.log").write_text("step 3 cut mid-li")
+    sink.write("third\n")
+    assert said[1:] == [f"verlbox: writing {blocked / 'verl.log'} again"]
+    sink.close()
+    assert (blocked / "verl.log").read_text() == "step 3 cut mid-li\nthird\n"
+
+
+def test_a_failing_console_never_stops_the_reader_nor_the_files_nor_save_detection(tmp_path: Path) -> None:
+    """stderr gone (EIO, a broken pipe): before, the reader thread died and verl blocked on a full pipe."""
+
+    def broken_console(text: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    watch = RunWatch(tmp_path, Progress(16, 24), broken_console)
+    lines = [f"{'x' * 1000} {n}" for n in range(400)] + ["local_global_step_folder: /checkpoints/global_step_5"]
+    reader = watch.follow(io.BytesIO("\n".join(lines).encode() + b"\n"))
+    reader.join(timeout=10)
+    assert not reader.is_alive() and watch.saving and watch.console_failed == "OSError: [Errno 5] Input/output error"
+    logged = (tmp_path / progress.LOG_FILE).read_text().splitlines()
+    assert logged[1:] == lines

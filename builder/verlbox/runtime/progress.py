@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import statistics
 import threading
@@ -128,9 +129,59 @@ class Progress:
         text.append(f"  memory {reserved:.1f}/{self.memory_limit_gib:.0f} GiB", style=style)
 
 
+class FileSink:
+    """One file appended to line by line. A failed write (a full disk for a moment) is said once and tried
+    again at the next line, so the file recovers with the disk; text resumes on a line of its own."""
+
+    def __init__(self, path: Path, say: Callable[[str], None]) -> None:
+        self.path = path
+        self.say = say
+        self.failing = False
+        self._handle: IO[str] | None = None
+
+    def write(self, text: str) -> None:
+        try:
+            if self._handle is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                cut = _ends_mid_line(self.path)  # a line a failure or a crash cut short: not glued onto
+                self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open while it works
+                if cut:
+                    self._handle.write("\n")
+            self._handle.write(text)
+            self._handle.flush()
+        except OSError as exc:
+            self.close()
+            if not self.failing:
+                self.failing = True
+                self.say(f"verlbox: cannot write {self.path} ({exc.strerror or exc}); trying again at each line")
+            return
+        if self.failing:
+            self.failing = False
+            self.say(f"verlbox: writing {self.path} again")
+
+    def close(self) -> None:
+        if self._handle is not None:
+            with contextlib.suppress(OSError):
+                self._handle.close()
+            self._handle = None
+
+
+def _ends_mid_line(path: Path) -> bool:
+    with contextlib.suppress(OSError), path.open("rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        if handle.tell():
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1) != b"\n"
+    return False
+
+
 class RunWatch:
     """Takes verl's output line by line: everything to FOLDER/verl.log, steps to FOLDER/metrics.jsonl and the
-    compact line to SHOW, other lines to SHOW as they are (a warning or a traceback is seen where it happens)."""
+    compact line to SHOW, other lines to SHOW as they are (a warning or a traceback is seen where it happens).
+
+    Three things fail apart, and none stops the others: the files (each said once, retried at each line and
+    each attempt), the console (a closed or failing stderr: the lines still reach the files), and the
+    reading itself, which always drains verl's pipe (verl blocks on a full one). Save detection needs none."""
 
     def __init__(self, folder: Path, progress: Progress, show: Callable[[Text | str], None]) -> None:
         self.folder = folder
@@ -138,7 +189,8 @@ class RunWatch:
         self.show = show
         self._saving = threading.Event()
         self._attempt = 0
-        self.broken = False  # a write failed: verl's lines pass through as they are from then on
+        self.console_failed: str | None = None  # why the console stopped taking lines, once it has
+        self._metrics = FileSink(folder / METRICS_FILE, self._say)
 
     @property
     def saving(self) -> bool:
@@ -153,45 +205,36 @@ class RunWatch:
         reader.start()
         return reader
 
-    def _read(self, stream: IO[bytes], attempt: int) -> None:
-        """Every line to the end of STREAM, whatever fails on the way: a reader that stopped would leave verl
-        blocked on a full pipe (a full or failing checkpoint disk must not hang the run)."""
-        log: IO[str] | None = None
+    def _say(self, text: Text | str) -> None:
+        """To the console; a console that fails (EIO, a closed pipe) is given up on, never fatal to the reader."""
+        if self.console_failed is not None:
+            return
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            log = open(self.folder / LOG_FILE, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole stream
-            log.write(f"# verlbox: verl attempt {attempt} started {now()}\n")
-        except OSError as exc:
-            self._failed(f"cannot write {self.folder / LOG_FILE} ({exc.strerror or exc})")
+            self.show(text)
+        except Exception as exc:  # whatever the console's failure, the pipe must still be drained
+            self.console_failed = f"{type(exc).__name__}: {exc}"
+
+    def _read(self, stream: IO[bytes], attempt: int) -> None:
+        log = FileSink(self.folder / LOG_FILE, self._say)
+        log.write(f"# verlbox: verl attempt {attempt} started {now()}\n")
         for raw in stream:
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            if self.broken:  # verl's lines as they are, so nothing is lost from the console
-                self.show(line)
-                continue
+            log.write(line + "\n")
             try:
-                if log:
-                    log.write(line + "\n")
-                    log.flush()
                 self.take(line, attempt)
-            except Exception as exc:  # any failure here must still leave the pipe read to its end
-                self._failed(f"{type(exc).__name__}: {exc}")
-                self.show(line)
-        if log:
-            with contextlib.suppress(OSError):
-                log.close()
+            except Exception as exc:  # a line verlbox misreads is still shown, and the reading goes on
+                self._say(f"verlbox: could not read a line of verl's ({type(exc).__name__}: {exc})")
+                self._say(line)
+        log.close()
+        self._metrics.close()
         stream.close()
-
-    def _failed(self, reason: str) -> None:
-        self.broken = True
-        self._saving.clear()
-        self.show(f"verlbox: the compact progress stopped ({reason}); verl's own lines follow")
 
     def take(self, line: str, attempt: int) -> None:
         step = parse_step(line)
         if step is not None:
             self._saving.clear()
             self._record(*step, attempt)
-            self.show(self.progress.line(*step))
+            self._say(self.progress.line(*step))
             return
         text = plain(line)
         if total := TOTAL_LINE.search(text):
@@ -199,12 +242,11 @@ class RunWatch:
         if text.startswith(SAVE_STARTS):
             self._saving.set()
         if TQDM_BAR not in text:
-            self.show(line)
+            self._say(line)
 
     def _record(self, step: int, metrics: dict[str, float], attempt: int) -> None:
         entry = {"step": step, "at": now(), "attempt": attempt, "metrics": metrics}
-        with open(self.folder / METRICS_FILE, "a", encoding="utf-8") as out:
-            out.write(json.dumps(entry) + "\n")
+        self._metrics.write(json.dumps(entry) + "\n")
 
 
 @dataclass(frozen=True)
