@@ -196,12 +196,21 @@ def test_sigterm_to_train_waits_for_a_save_then_ends_every_process_verl_started(
     assert len(read_metrics(folder / progress.METRICS_FILE)) == 2
 
 
-def test_progress_mode_plain_leaves_verl_s_console_alone_and_a_bad_mode_is_named(tmp_path: Path) -> None:
+def test_progress_mode_plain_leaves_verl_s_lines_as_they_are_and_still_holds_a_stop_during_a_save(
+    tmp_path: Path,
+) -> None:
+    """Plain: no compact line and no files, but the save marker is still read (before, plain dropped the hold)."""
     from verlbox.errors import UsageError
     from verlbox.runtime import train
 
     console = Console(file=io.StringIO())
-    assert train.run_watch(tmp_path, [], {"VERLBOX_PROGRESS": "plain"}, None, console) is None
+    watch = train.run_watch(tmp_path, [], {"VERLBOX_PROGRESS": "plain"}, None, console)
+    assert isinstance(watch, RunWatch) and watch.folder is None
+    coloured = "\x1b[36m(TaskRunner pid=1)\x1b[0m local_global_step_folder: /checkpoints/global_step_5"
+    reader = watch.follow(io.BytesIO(f"{coloured}\nother line\n".encode()))
+    reader.join(timeout=10)
+    assert watch.saving and console.file.getvalue() == f"{coloured}\nother line\n"
+    assert list(tmp_path.iterdir()) == []
     assert isinstance(train.run_watch(tmp_path, [], {}, None, console), RunWatch)
     with pytest.raises(UsageError, match=r"^VERLBOX_PROGRESS=quiet: expected compact"):
         train.run_watch(tmp_path, [], {"VERLBOX_PROGRESS": "quiet"}, None, console)

@@ -173,6 +173,30 @@ def test_a_run_that_cannot_start_holds_under_compose_and_exits_with_its_code_whe
     assert process.wait(timeout=10) == 2  # the bad input's own code, as without holding
 
 
+def test_an_os_error_before_verl_starts_holds_under_compose_naming_the_path(tmp_path: Path) -> None:
+    """No space while preparing GSM8K: before, `internal error`, exit 1 and no halt file, so Docker restarted
+    the container into the same failure."""
+    halt_file = tmp_path / "halted"
+    program = (
+        "import sys\nfrom pathlib import Path\nfrom verlbox.runtime import commands, supervisor\n"
+        f"supervisor.HALT_FILE = Path({str(halt_file)!r})\n"
+        "def full(args):\n    raise OSError(28, 'No space left on device', '/data/gsm8k/train.parquet')\n"
+        "commands._train = full\nfrom verlbox.cli import main\nsys.exit(main(['train']))\n"
+    )
+    for on_halt, held in (("wait", True), ("exit", False)):
+        env = dict(os.environ, VERLBOX_ON_HALT=on_halt)
+        process = subprocess.Popen([sys.executable, "-c", program], env=env, stderr=subprocess.PIPE, text=True)
+        assert process.stderr is not None
+        first = process.stderr.readline()
+        assert first == "verlbox: error: /data/gsm8k/train.parquet: No space left on device\n"
+        if held:
+            assert process.stderr.readline().startswith("halted: holding here")
+            time.sleep(0.5)
+            assert process.poll() is None and halt_file.read_text().startswith("/data/gsm8k/train.parquet")
+            process.terminate()
+        assert process.wait(timeout=10) == 1 and "Traceback" not in process.stderr.read()
+
+
 def test_an_unknown_halt_mode_is_named() -> None:
     with pytest.raises(UsageError, match=r"^VERLBOX_ON_HALT=loop: expected exit"):
         supervisor.holds({"VERLBOX_ON_HALT": "loop"})

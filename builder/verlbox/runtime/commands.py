@@ -49,6 +49,12 @@ def train(args: argparse.Namespace) -> int:
     supervisor.clear_halt()
     try:
         return _train(args)
+    except OSError as exc:  # a full disk while preparing GSM8K, an unreadable folder: one line naming the path
+        failure = VerlboxError(f"{exc.filename or 'a file'}: {exc.strerror or exc}")
+        if not waits:
+            raise failure from None
+        err.print(f"verlbox: error: {failure}", markup=False)
+        return supervisor.hold(failure.exit_code, str(failure), lambda text: err.print(text, markup=False))
     except VerlboxError as exc:
         if not waits or (args.overrides and isinstance(exc, OverrideError)):
             raise

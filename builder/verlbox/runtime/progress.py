@@ -183,14 +183,16 @@ class RunWatch:
     each attempt), the console (a closed or failing stderr: the lines still reach the files), and the
     reading itself, which always drains verl's pipe (verl blocks on a full one). Save detection needs none."""
 
-    def __init__(self, folder: Path, progress: Progress, show: Callable[[Text | str], None]) -> None:
+    def __init__(self, folder: Path | None, progress: Progress, show: Callable[[Text | str], None]) -> None:
+        """FOLDER None: plain (VERLBOX_PROGRESS=plain): verl's lines shown as they are, no files, and the
+        save still seen, so that a stop during a save is still held."""
         self.folder = folder
         self.progress = progress
         self.show = show
         self._saving = threading.Event()
         self._attempt = 0
         self.console_failed: str | None = None  # why the console stopped taking lines, once it has
-        self._metrics = FileSink(folder / METRICS_FILE, self._say)
+        self._metrics = FileSink(folder / METRICS_FILE, self._say) if folder else None
 
     @property
     def saving(self) -> bool:
@@ -215,21 +217,31 @@ class RunWatch:
             self.console_failed = f"{type(exc).__name__}: {exc}"
 
     def _read(self, stream: IO[bytes], attempt: int) -> None:
-        log = FileSink(self.folder / LOG_FILE, self._say)
-        log.write(f"# verlbox: verl attempt {attempt} started {now()}\n")
+        log = FileSink(self.folder / LOG_FILE, self._say) if self.folder else None
+        if log:
+            log.write(f"# verlbox: verl attempt {attempt} started {now()}\n")
         for raw in stream:
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            log.write(line + "\n")
+            if log:
+                log.write(line + "\n")
             try:
                 self.take(line, attempt)
             except Exception as exc:  # a line verlbox misreads is still shown, and the reading goes on
                 self._say(f"verlbox: could not read a line of verl's ({type(exc).__name__}: {exc})")
                 self._say(line)
-        log.close()
-        self._metrics.close()
+        for sink in (log, self._metrics):
+            if sink:
+                sink.close()
         stream.close()
 
     def take(self, line: str, attempt: int) -> None:
+        if self._metrics is None:  # plain: the save marker is all that is read
+            if plain(line).startswith(SAVE_STARTS):
+                self._saving.set()
+            elif parse_step(line) is not None:
+                self._saving.clear()
+            self._say(line)
+            return
         step = parse_step(line)
         if step is not None:
             self._saving.clear()
@@ -246,7 +258,8 @@ class RunWatch:
 
     def _record(self, step: int, metrics: dict[str, float], attempt: int) -> None:
         entry = {"step": step, "at": now(), "attempt": attempt, "metrics": metrics}
-        self._metrics.write(json.dumps(entry) + "\n")
+        if self._metrics:
+            self._metrics.write(json.dumps(entry) + "\n")
 
 
 @dataclass(frozen=True)

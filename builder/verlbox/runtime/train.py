@@ -356,18 +356,24 @@ def run_watch(
     facts: preflight.GpuFacts | None,
     console: Console,
 ) -> progress.RunWatch | None:
-    """The compact step line and verl's log in the run folder, unless VERLBOX_PROGRESS=plain asks for verl's
-    console as it is."""
-    if folder is None or progress_mode(environ) == "plain":
+    """The compact step line and verl's log in the run folder; VERLBOX_PROGRESS=plain: verl's console as it is,
+    still read for its save marker (a stop during a save is held in both)."""
+    if folder is None:
         return None
+    plain_mode = progress_mode(environ) == "plain"
     limit = None
     if facts and facts.devices:
         limit = facts.memory_cap_gib or min(device.total_gib for device in facts.devices)
 
     def show(line: Text | str) -> None:
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+        if plain_mode and isinstance(line, str):  # byte for byte, colours too (rich would strip them)
+            console.file.write(line + "\n")
+            console.file.flush()
+        else:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    return progress.RunWatch(folder, progress.Progress(progress.responses_per_step(overrides), limit), show)
+    steps = progress.Progress(progress.responses_per_step(overrides), limit)
+    return progress.RunWatch(None if plain_mode else folder, steps, show)
 
 
 def new_run(
