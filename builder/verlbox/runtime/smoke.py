@@ -6,7 +6,6 @@ which is how the GPU tier ran on a GPU machine without Docker.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -177,10 +176,9 @@ def torch_cudnn() -> str:
     if loaded:
         origin = loaded[0]
         if "/site-packages/nvidia/cudnn/" in origin:
-            for name in ("nvidia-cudnn-cu12", "nvidia-cudnn-cu11"):
-                with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-                    origin = f"pip's {name} {importlib.metadata.version(name)} ({Path(origin).name})"
-                    break
+            owners = [d for d in importlib.metadata.distributions() if d.metadata["Name"].startswith("nvidia-cudnn-")]
+            if owners:
+                origin = f"pip's {owners[0].metadata['Name']} {owners[0].version} ({Path(origin).name})"
     return f"torch loads cuDNN {cudnn_version(number)} from {origin}"
 
 
