@@ -68,7 +68,10 @@ def save_step(
     for name in files:
         if name not in skip:
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
-            (folder / name).write_bytes(b"\0" * shard_bytes)
+            if name.endswith(".pt"):
+                torch_saved(folder / name, b"\1" * shard_bytes)
+            else:
+                (folder / name).write_bytes(b"\0" * shard_bytes)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -77,7 +80,7 @@ def rotated_by_verl(root: Path, step: int) -> Path:
     """What verl's own rotation leaves of a save: actor/ and critic/ deleted, data.pt kept."""
     folder = root / f"global_step_{step}"
     folder.mkdir(parents=True)
-    (folder / "data.pt").write_bytes(b"\0" * 10)
+    torch_saved(folder / "data.pt", b"\1" * 10)
     return folder
 
 
@@ -256,9 +259,9 @@ def test_pruning_keeps_the_newest_complete_saves_and_touches_nothing_else(
     assert lines[:-1] == [
         "checkpoints: removed global_step_25 (33.0 MiB): beyond the 2 newest complete saves "
         "(trainer.max_*_ckpt_to_keep=2)",
-        "checkpoints: removed global_step_50 (11.0 KiB): beyond the 2 newest complete saves "
+        "checkpoints: removed global_step_50 (11.9 KiB): beyond the 2 newest complete saves "
         "(trainer.max_*_ckpt_to_keep=2)",
-        "checkpoints: removed global_step_75 (0.0 KiB): incomplete and older than global_step_125, the newest "
+        "checkpoints: removed global_step_75 (0.1 KiB): incomplete and older than global_step_125, the newest "
         "complete save",
     ]
     left = sorted(p.name for p in root.iterdir())
@@ -491,6 +494,9 @@ def test_a_save_cut_short_by_a_power_cut_is_incomplete_and_the_last_whole_one_is
     assert checkpoints.whole_file(root / "global_step_75" / "actor" / "model_world_size_1_rank_0.pt")
     assert not checkpoints.whole_file(root / "global_step_100" / "actor" / "model_world_size_1_rank_0.pt")
     assert not checkpoints.whole_file(root / "global_step_100" / "actor" / "optim_world_size_1_rank_0.pt")
+    zeros = root / "zeros.pt"  # the size reached the disk, the data did not (XFS, ext4 after a power cut)
+    zeros.write_bytes(b"\0" * 4096)
+    assert not checkpoints.whole_file(zeros)
     lines = run(overrides_for(root, "trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=1"))
     assert lines[0] == (
         "checkpoints: latest_checkpointed_iteration.txt named global_step_100, which is incomplete (a save cut "

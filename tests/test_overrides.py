@@ -223,15 +223,15 @@ def test_a_value_of_the_wrong_kind_is_refused_naming_the_key_and_what_verl_decla
 ) -> None:
     """verl's config is schema-less YAML: Hydra alone takes `trainer.total_epochs=two` and verl fails later."""
     wrong = ["trainer.total_epochs=two", "trainer.save_freq=abc", "algorithm.use_kl_in_reward=yes"]
-    wrong += ["data.train_batch_size=2.5"]
     with pytest.raises(OverrideError) as refused:
         check([*p40_plan.overrides, *wrong], verl_config_dir)
     assert str(refused.value).splitlines() == [
-        "trainer.total_epochs=two: verl's ppo_trainer.yaml declares a whole number here (default 30)",
-        "trainer.save_freq=abc: verl's ppo_trainer.yaml declares a whole number here (default -1)",
+        "trainer.total_epochs=two: verl's ppo_trainer.yaml declares a number here (default 30)",
+        "trainer.save_freq=abc: verl's ppo_trainer.yaml declares a number here (default -1)",
         "algorithm.use_kl_in_reward=yes: verl's ppo_trainer.yaml declares true or false here (default False)",
-        "data.train_batch_size=2.5: verl's ppo_trainer.yaml declares a whole number here (default 1024)",
     ]
     # the same kinds written as Hydra reads them pass: a whole number for a float, one name for a list
+    # entropy_coeff and top_p are floats written whole in verl's file (0, 1): a float there is right
     right = ["trainer.total_epochs=2", "actor_rollout_ref.actor.optim.lr=1", "trainer.logger=console"]
+    right += ["actor_rollout_ref.actor.entropy_coeff=0.001", "actor_rollout_ref.rollout.top_p=0.9"]
     check([*p40_plan.overrides, *right, "algorithm.use_kl_in_reward=false"], verl_config_dir)

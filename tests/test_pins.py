@@ -212,3 +212,16 @@ def test_p40_s_final_stage_resolves_as_one_set_on_the_real_index_for_python_3_10
     vllm_alone = [requirement for requirement in stand_ins if requirement.startswith(("vllm", "torch"))]
     alone = pins.check_resolution(vllm_alone, "3.10", index, None, sources, 60)
     assert alone.served and re.search(r"numpy (\d+)", alone.answer).group(1) != "1", alone.answer
+
+
+def test_only_http_urls_are_asked_and_a_malformed_one_is_one_line() -> None:
+    """A registry's token realm (or an index option) naming file:, or a port that is not a number, is a failed
+    finding, never a local file read or a traceback."""
+    http = Http(None, 2)
+    for url, said in (
+        ("file:///etc/passwd", "not an http(s) URL: 'file:///etc/passwd/numpy/'"),
+        ("", "not an http(s) URL: '/numpy/'"),
+        ("https://u:p@mirror.invalid:abc/simple", "no valid HTTP answer (InvalidURL)"),
+    ):
+        finding = pins.asked("numpy==1.26.4", url, lambda url=url: pins.check_on_index(http, url, "numpy", "1", "3.10"))
+        assert not finding.served and finding.answer.startswith(said) and "u:p" not in finding.answer + finding.host

@@ -34,6 +34,7 @@ from verlbox.host.archives import ArchivePin, check_archive, mirror_url
 from verlbox.host.recipe import RecipeHead
 from verlbox.host.sources import BuildSources
 from verlbox.host.upstream import Http, UpstreamError, host_of, registry_manifest, registry_manifest_url, status_line
+from verlbox.runtime.urls import split_userinfo
 
 # NVIDIA's CUDA apt repositories, where a CUDA base's cuDNN packages come from (a mirror: --nvidia-repo-url)
 NVIDIA_CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
@@ -208,7 +209,6 @@ def uv_binary() -> str:
 
 
 UV_TREE = " \u00d7\u2570\u251c\u2500\u25b6\u2502"  # the marks uv draws its explanation with
-_CREDENTIALS = re.compile(r"(?<=//)[^/@\s]+@")
 
 
 def check_resolution(
@@ -221,9 +221,10 @@ def check_resolution(
 ) -> Finding:
     pin = f"the final stage's {len(requirements)} pins, resolved together"
     command = [uv_binary(), "pip", "compile", "-", "--quiet", "--no-header", "--python-version", python]
-    command += ["--python-platform", PLATFORM, "--index-strategy", "unsafe-best-match", "--index-url", index_url]
-    command += ["--extra-index-url", extra_index_url] if extra_index_url else []
+    command += ["--python-platform", PLATFORM, "--index-strategy", "unsafe-best-match"]
     env = os.environ | {"UV_HTTP_TIMEOUT": str(int(max(timeout, 1))), "UV_NO_CONFIG": "1", "NO_COLOR": "1"}
+    # the indexes in uv's environment, never its command line (`ps` shows that, and a URL may hold a token)
+    env |= {"UV_INDEX_URL": index_url} | ({"UV_EXTRA_INDEX_URL": extra_index_url} if extra_index_url else {})
     env |= {"SSL_CERT_FILE": str(sources.ca_bundle)} if sources.ca_bundle else {}
     result = subprocess.run(
         command, input="\n".join(requirements) + "\n", capture_output=True, text=True, env=env, check=False
@@ -232,7 +233,10 @@ def check_resolution(
     if result.returncode != 0:
         lines = [line.strip(UV_TREE) for line in result.stderr.splitlines()]
         reason = " ".join(line for line in lines if line and not line.startswith("No solution found"))
-        return Finding(pin, host, False, _CREDENTIALS.sub("", reason) or f"uv failed (exit {result.returncode})")
+        for url in (index_url, extra_index_url or ""):
+            if (userinfo := split_userinfo(url)[1]) is not None:
+                reason = reason.replace(f"{userinfo}@", "")
+        return Finding(pin, host, False, reason or f"uv failed (exit {result.returncode})")
     resolved = dict(re.findall(r"^([A-Za-z0-9._-]+)==(\S+)", result.stdout, re.MULTILINE))
     numpy = f", numpy {resolved['numpy']}" if "numpy" in resolved else ""
     return Finding(pin, host, True, f"one consistent set of {len(resolved)} packages for CPython {python}{numpy}")

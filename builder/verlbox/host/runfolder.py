@@ -76,7 +76,8 @@ def init(args: argparse.Namespace) -> int:
     backups, made = write_run_folder(directory, plan)
     if (uid, gid) != (os.getuid(), os.getgid()):
         written = [planned.name for planned in plan if planned.action != "keep"]
-        give_to(directory, [*(["."] if new_folder else []), *made, RECORD, *written], uid, gid)
+        kept = [backup.name for backup in backups]
+        give_to(directory, [*(["."] if new_folder else []), *made, RECORD, *written, *kept], uid, gid)
     for note in notes:
         err.print(f"note: {note}", markup=False)
     err.print(_summary(directory, plan, backups, made, settings), markup=False)
@@ -96,8 +97,8 @@ def caller(environ: dict[str, str] | os._Environ[str]) -> tuple[int, int]:
 def give_to(directory: Path, names: list[str], uid: int, gid: int) -> None:
     """NAMES in the run folder (`.`: the folder itself), owned by UID:GID (root running through sudo)."""
     for path in (directory / name for name in names):
-        if path.exists():
-            os.chown(path, uid, gid)
+        if path.exists() or path.is_symlink():
+            os.chown(path, uid, gid, follow_symlinks=False)  # a link swapped in never hands over its target
 
 
 def _image(requested: str | None, previous: dict[str, str], notes: list[str]) -> str:

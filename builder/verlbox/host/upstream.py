@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import urlencode, urlsplit
 
 from verlbox.host.reference import parse_reference
-from verlbox.runtime.urls import login, split_userinfo
+from verlbox.runtime.urls import login, redact, split_userinfo
 
 # Docker Hub's registry API: a name without a registry host is there (official images under library/)
 DOCKER_HUB_REGISTRY = "registry-1.docker.io"
@@ -48,7 +48,11 @@ class Answer:
 def host_of(url: str) -> str:
     """The host[:port] of URL, without a login: what a line may name."""
     parts = urlsplit(split_userinfo(url)[0])
-    return f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname or "?"
+    try:
+        port = parts.port
+    except ValueError:  # not a number: the line still names the host
+        port = None
+    return f"{parts.hostname}:{port}" if port else parts.hostname or "?"
 
 
 class SafeRedirect(urllib.request.HTTPRedirectHandler):
@@ -80,6 +84,8 @@ def opener(ca_bundle: Path | None = None) -> urllib.request.OpenerDirector:
 def request_for(url: str, method: str = "GET", headers: dict[str, str] | None = None) -> urllib.request.Request:
     """A request for URL; its credentials (urls.py's rule) go as Basic auth, which urllib would ignore."""
     bare, userinfo = split_userinfo(url)
+    if not re.match(r"https?://[^/\s]", bare):  # nothing of urllib's file:, ftp: or data: handlers
+        raise UpstreamError(f"not an http(s) URL: {redact(url)!r}")
     headers = {"User-Agent": "verlbox", **(headers or {})}
     if userinfo is not None:
         token = base64.b64encode(":".join(login(userinfo)).encode()).decode()
@@ -115,6 +121,8 @@ class Http:
             raise UpstreamError(f"cannot connect ({_reason(error.reason)})") from None
         except (http.client.HTTPException, ConnectionError, ssl.SSLError) as error:
             raise UpstreamError(f"no valid HTTP answer ({type(error).__name__})") from None
+        except ValueError as error:  # a URL urllib cannot take (a bad port, an empty host)
+            raise UpstreamError(f"not a URL that can be asked ({error})") from None
 
 
 def _reason(reason: object) -> str:

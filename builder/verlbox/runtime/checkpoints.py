@@ -50,6 +50,7 @@ DATALOADER_FILE = "data.pt"
 # torch.save's format (a ZIP archive since torch 1.6): a local header first, the end-of-central-directory
 # record last (22 bytes, then a comment torch never writes)
 ZIP_START, ZIP_END, ZIP_END_MAX = b"PK\x03\x04", b"PK\x05\x06", 22 + 65535
+PICKLE_START = b"\x80"  # a pickle's protocol opcode: how torch.save's older format begins
 # load_contents/save_contents entry -> the prefix of its per-rank file (fsdp_checkpoint_manager.py,
 # save_checkpoint: f"{prefix}_world_size_{world_size}_rank_{rank}.pt")
 SHARD_PREFIXES = {"model": "model", "optimizer": "optim", "extra": "extra_state"}
@@ -167,7 +168,9 @@ def whole_file(path: Path) -> bool:
             tail = handle.read()
     except OSError:
         return False
-    return start != ZIP_START or ZIP_END in tail  # an older, non-ZIP pickle: its length is all there is
+    if start.startswith(PICKLE_START):  # an older, non-ZIP torch.save: its length is all there is to check
+        return True
+    return start == ZIP_START and ZIP_END in tail  # zeros where data never reached the disk are not a save
 
 
 def is_complete(step_folder: Path, load_contents: dict[str, tuple[str, ...]]) -> bool:

@@ -170,7 +170,7 @@ def _kind(value: object) -> str | None:
     return None
 
 
-KIND_NAMES = {"bool": "true or false", "int": "a whole number", "float": "a number", "list": "a list ([a,b])"}
+KIND_NAMES = {"bool": "true or false", "int": "a number", "float": "a number", "list": "a list ([a,b])"}
 
 
 def type_problems(declared: object, overrides: list[Override]) -> list[str]:
@@ -198,8 +198,10 @@ def type_problems(declared: object, overrides: list[Override]) -> list[str]:
         wanted, given = _kind(OmegaConf.to_object(default) if OmegaConf.is_config(default) else default), _kind(value)
         if wanted is None or value is None or given == wanted:
             continue
-        if (wanted, given) == ("float", "int") or (wanted == "list" and isinstance(value, str)):
-            continue  # an int is a float; verl takes one name where it takes a list of names (trainer.logger)
+        if {wanted, given} <= {"int", "float"} or (wanted == "list" and isinstance(value, str)):
+            # numbers pass either way (entropy_coeff: 0 and top_p: 1 are floats written whole); verl takes one
+            # name where it takes a list of names (trainer.logger)
+            continue
         problems.append(
             f"{override.key}={override.value}: verl's ppo_trainer.yaml declares {KIND_NAMES[wanted]} here "
             f"(default {OmegaConf.to_yaml(default).strip() if OmegaConf.is_config(default) else default!r})"

@@ -50,17 +50,19 @@ class GpuFacts:
 def probe_gpu() -> GpuFacts:
     """The GPU facts, asked by a short-lived child process: torch's mem_get_info makes a CUDA context (about
     500 MiB of the GPU), which would otherwise stay with `train`, the process that supervises the whole run."""
-    child = subprocess.run(
-        [sys.executable, "-c", "from verlbox.runtime.preflight import print_gpu_facts; print_gpu_facts()"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if child.returncode != 0 or not child.stdout.strip():
+    probe = "from verlbox.runtime.preflight import print_gpu_facts; print_gpu_facts()"
+    try:  # from /: `python -c` puts its folder first on sys.path, and /workspace is the user's
+        child = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=False, cwd="/", timeout=300
+        )
+    except subprocess.TimeoutExpired:
+        raise PreflightFailed("the GPU probe (torch in a child process) gave no answer in 300 s") from None
+    try:
+        data = json.loads(child.stdout.strip().splitlines()[-1])
+        return GpuFacts(**(data | {"devices": [GpuDevice(**device) for device in data["devices"]]}))
+    except (IndexError, ValueError, TypeError, KeyError):
         last = (child.stderr.strip().splitlines() or ["no output"])[-1]
-        raise PreflightFailed(f"the GPU probe (torch in a child process) failed: {last}")
-    data = json.loads(child.stdout.strip().splitlines()[-1])
-    return GpuFacts(**(data | {"devices": [GpuDevice(**device) for device in data["devices"]]}))
+        raise PreflightFailed(f"the GPU probe (torch in a child process) failed: {last}") from None
 
 
 def print_gpu_facts() -> None:

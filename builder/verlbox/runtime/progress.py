@@ -149,7 +149,7 @@ class FileSink:
                     self._handle.write("\n")
             self._handle.write(text)
             self._handle.flush()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: closed meanwhile by a reader still draining
             self.close()
             if not self.failing:
                 self.failing = True
