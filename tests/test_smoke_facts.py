@@ -27,3 +27,11 @@ def test_a_long_detail_wraps_in_its_cell_and_is_never_cut_short() -> None:
     print_results([CheckResult("cpu", "pins match the recipe", "passed", detail)], Console(file=buffer, width=80))
     cells = "".join(line.split("\u2502")[4] for line in buffer.getvalue().splitlines() if line.startswith("\u2502"))
     assert "\u2026" not in buffer.getvalue() and " ".join(cells.split()) == " ".join(detail.split())
+
+
+def test_the_placed_record_is_not_read_as_a_build_step() -> None:
+    """`verlbox lock` reads every *.json of the build record as a step's: placed.json beside it would be a
+    step named '' (found by the clean-clone CI)."""
+    from verlbox.runtime import build_record, placed
+
+    assert placed.PLACED.parent != build_record.RECORD_DIR and not placed.PLACED.is_relative_to(build_record.RECORD_DIR)

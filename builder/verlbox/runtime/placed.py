@@ -14,9 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from verlbox.runtime.build_record import RECORD_DIR
-
-PLACED = RECORD_DIR / "placed.json"
+# beside the build record, not in it: every *.json there is a step's record, which `verlbox lock` reads
+PLACED = Path("/opt/verlbox/placed.json")
 DISTRIBUTIONS = ("verl", "verlbox")
 
 
