@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verlbox.errors import PreflightFailed
-from verlbox.files import write_atomically
+from verlbox.files import unreadable_folder, write_atomically
 from verlbox.runtime import hub
 from verlbox.runtime.overrides import OverrideError, override_int, override_value
 
@@ -401,7 +401,8 @@ def prepare(overrides: list[str], environ: Mapping[str, str], say: Callable[[str
     critic = model_size(settings.critic_model) if settings.critic_model else None
     if actor is None or (settings.critic_model and critic is None):
         unsized = settings.actor_model if actor is None else settings.critic_model
-        say(f"checkpoints: no safetensors weights in {unsized} to size a save from; free space not checked")
+        why = unreadable_folder(Path(unsized)) or f"no safetensors weights in {unsized} to size a save from"
+        say(f"checkpoints: {why}; free space not checked")
         return
     step_bytes = estimate_step_bytes(actor, critic, settings.save_contents)
     existing = next(parent for parent in (folder, *folder.parents) if parent.exists())
