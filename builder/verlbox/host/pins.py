@@ -30,7 +30,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from verlbox.errors import UsageError
-from verlbox.host.archives import ArchivePin, check_archive, mirror_url
+from verlbox.host.archives import ArchivePin, check_archive
 from verlbox.host.recipe import RecipeHead
 from verlbox.host.sources import BuildSources
 from verlbox.host.upstream import Http, UpstreamError, host_of, registry_manifest, registry_manifest_url, status_line
@@ -167,8 +167,7 @@ def check_archive_pin(http: Http, sources: BuildSources, pin_name: str, archive:
         except UsageError as error:
             return Finding(pin_name, "cache", False, str(error))
         return Finding(pin_name, "cache", True, "in the source cache, its sha256 as pinned")
-    url = mirror_url(sources.archives_url, archive.name) if sources.archives_url else archive.upstream_url
-    return check_url(http, pin_name, url)
+    return check_url(http, pin_name, sources.archive_url(archive))
 
 
 def apt_versions(index: str, packages: set[str]) -> dict[str, set[str]]:
@@ -314,8 +313,7 @@ def check_recipe(
     if apex := getattr(recipe, "apex", None):
         checks += [on_index(pip_index, name, version) for name, version in apex.build_requirements.items()]
         pin, archive = f"apex {apex.commit[:12]} archive", apex.archive_pin()
-        url = mirror_url(sources.archives_url, archive.name) if sources.archives_url else archive.upstream_url
-        checks.append((pin, url, lambda: check_archive_pin(http, sources, pin, archive)))
+        checks.append((pin, sources.archive_url(archive), lambda: check_archive_pin(http, sources, pin, archive)))
     checks += [on_index(pip_index, name, version) for name, version in recipe.runtime.requirements.items()]  # type: ignore[attr-defined]
     resolution = final_requirements(recipe)
     checks.append(

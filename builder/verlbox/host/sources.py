@@ -130,8 +130,13 @@ class BuildSources:
         path = self.archives / pin.name
         if path.is_file():
             return check_archive(path, pin)
-        url = mirror_url(self.archives_url, pin.name) if self.archives_url else pin.upstream_url
-        return fetch_archive(pin, self.archives, url, console or Console(stderr=True, highlight=False))
+        return fetch_archive(
+            pin, self.archives, self.archive_url(pin), console or Console(stderr=True, highlight=False)
+        )
+
+    def archive_url(self, pin: ArchivePin) -> str:
+        """Where a pinned archive is fetched from: the build's archive mirror, else its upstream."""
+        return mirror_url(self.archives_url, pin.name) if self.archives_url else pin.upstream_url
 
     def secret_arguments(self) -> tuple[list[str], dict[str, str]]:
         """buildx --secret arguments and the environment variables they read from."""

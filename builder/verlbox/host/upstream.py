@@ -19,10 +19,10 @@ from email.message import Message
 from pathlib import Path
 from urllib.parse import urlencode, urlsplit
 
-from verlbox.host.reference import parse_reference
+from verlbox.host.reference import full_name, parse_reference
 from verlbox.runtime.urls import login, redact, split_userinfo
 
-# Docker Hub's registry API: a name without a registry host is there (official images under library/)
+# Docker Hub's registry API (docker.io names: reference.full_name spells a short name out in full)
 DOCKER_HUB_REGISTRY = "registry-1.docker.io"
 MANIFEST_TYPES = ", ".join(
     (
@@ -141,12 +141,8 @@ def registry_manifest_url(image: str, digest: str | None) -> str:
     """Where a registry serves IMAGE's manifest (by DIGEST when given). A registry on this machine
     (localhost, 127.0.0.1) is asked over plain HTTP, as Docker does; any other over HTTPS."""
     reference = parse_reference(image)
-    first, _, rest = reference.repository.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        registry, path = first, rest
-    else:
-        registry, path = DOCKER_HUB_REGISTRY, reference.repository
-        path = path if "/" in path else f"library/{path}"
+    registry, _, path = parse_reference(full_name(image)).repository.partition("/")
+    registry = DOCKER_HUB_REGISTRY if registry == "docker.io" else registry  # Docker Hub's API host
     scheme = "http" if registry.split(":")[0] in ("localhost", "127.0.0.1") else "https"
     return f"{scheme}://{registry}/v2/{path}/manifests/{digest or reference.tag}"
 
