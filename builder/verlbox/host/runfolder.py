@@ -19,6 +19,7 @@ import os
 import shlex
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -86,7 +87,7 @@ def init(args: argparse.Namespace) -> int:
     return 0
 
 
-def caller(environ: dict[str, str] | os._Environ[str]) -> tuple[int, int]:
+def caller(environ: Mapping[str, str]) -> tuple[int, int]:
     """Who the run folder is for: the user behind `sudo` (SUDO_UID/SUDO_GID, when root runs this through
     it), else this process's user. A container running as root would leave root's files in the folders."""
     if os.getuid() == 0 and environ.get("SUDO_UID", "").isdigit() and environ.get("SUDO_GID", "").isdigit():
