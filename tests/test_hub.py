@@ -671,5 +671,32 @@ def test_fetch_on_the_host_reads_the_run_folder_s_env_as_train_would(stand_in: S
     (tmp_path / ".env").write_text(f"HF_ENDPOINT={stand_in.endpoint}\nHF_TOKEN=\nVERLBOX_MODEL_REPO=\n")
     result = run_verlbox("fetch", "model", "--out", "models/qwen", cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
     assert result.returncode == 0, result.stderr
-    assert f"settings from {tmp_path / '.env'}" in result.stderr.splitlines()
+    assert f"run folder {tmp_path} (its .env)" in result.stderr.splitlines()
     assert (tmp_path / "models" / "qwen" / hub.RECORD).is_file()
+
+
+def test_fetch_without_out_fills_the_run_folder_s_own_folders(stand_in: StandInHub, tmp_path: Path) -> None:
+    """No --out: the folder `train` will read, as the run folder's .env names it (models/NAME, data/gsm8k-raw),
+    found from --run DIR as well as from the current folder; outside a run folder, one line asking for --out."""
+    stand_in.publish("model", MODEL, fake_model(13))
+    run_folder = tmp_path / "run"
+    run_folder.mkdir()
+    (run_folder / ".env").write_text(
+        f"HF_ENDPOINT={stand_in.endpoint}\nVERLBOX_MODELS=./weights\nVERLBOX_MODEL_NAME=small\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"HF_HOME": str(tmp_path / "hf")}
+    result = run_verlbox("fetch", "model", "--run", str(run_folder), cwd=elsewhere, env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"run folder {run_folder} (its .env)" in result.stderr.splitlines()
+    assert (run_folder / "weights" / "small" / hub.RECORD).is_file() and list(elsewhere.iterdir()) == []
+    again = run_verlbox("fetch", "model", cwd=run_folder, env=env)  # the current folder: the same target, checked
+    assert again.returncode == 0 and "weights/small" in again.stdout, again.stderr
+    outside = run_verlbox("fetch", "data", cwd=elsewhere, env=env)
+    assert outside.returncode == 2 and outside.stderr.splitlines() == [
+        "verlbox: error: fetch data: give --out DIR, or run it in a run folder (or with --run DIR) to fill that "
+        "folder's data/gsm8k-raw"
+    ]
+    not_one = run_verlbox("fetch", "model", "--run", str(elsewhere), cwd=tmp_path, env=env)
+    assert not_one.returncode == 2 and "not a run folder" in not_one.stderr and str(elsewhere) in not_one.stderr

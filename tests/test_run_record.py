@@ -76,11 +76,20 @@ def test_runs_lists_every_experiment_as_a_table(tmp_path: Path) -> None:
     assert "ppo" in rows[1] and "cccccccccccc" in rows[1]
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "checkpoints").symlink_to(tmp_path, target_is_directory=True)
-    through_run_folder = run_verlbox("runs", str(tmp_path / "run"))  # a run folder: its checkpoints/ is read
+    through_run_folder = run_verlbox("runs", str(tmp_path / "run"))  # its .env gone: its checkpoints/ is read
     assert (
         through_run_folder.returncode == 0
         and through_run_folder.stderr == f"runs under {tmp_path / 'run' / 'checkpoints'}\n"
     )
     assert len([line for line in through_run_folder.stdout.splitlines() if "Tesla P40" in line]) == 2
+    # a run folder's .env says where its checkpoints are: FOLDER, --run DIR and the current folder agree
+    (tmp_path / "run" / ".env").write_text(f"VERLBOX_CHECKPOINTS={tmp_path}\n")
+    (tmp_path / "run" / "checkpoints").unlink()
+    for words, cwd in ((["run"], tmp_path), (["--run", "run"], tmp_path), ([], tmp_path / "run")):
+        shown = run_verlbox("runs", *words, cwd=cwd)
+        assert shown.returncode == 0 and shown.stderr == f"run folder {tmp_path / 'run'} (its .env)\n", words
+        assert len([line for line in shown.stdout.splitlines() if "Tesla P40" in line]) == 2, words
+    both = run_verlbox("runs", "run", "--run", "run", cwd=tmp_path)
+    assert both.returncode == 2 and "not both" in both.stderr
     empty = run_verlbox("runs", str(tmp_path / "grpo" / "nothing-here"))
     assert empty.returncode == 2 and "not a folder" in empty.stderr

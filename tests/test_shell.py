@@ -33,9 +33,9 @@ def captured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, objec
     """What `verlbox shell` would run (and its --no-gpu override's text), without an engine."""
     seen: dict[str, object] = {}
 
-    def fake_run(args: object, run: shell.ComposeRun) -> int:
+    def fake_run(args: object, run: shell.ComposeRun, where: str | None = None) -> int:
         files = [Path(word) for before, word in zip(run.compose, run.compose[1:], strict=False) if before == "-f"]
-        seen.update(run=run, args=run.command, env=run.environment, files=files)
+        seen.update(run=run, args=run.command, env=run.environment, files=files, where=where)
         seen.update(overrides=[file.read_text() for file in files[1:]])
         return 7
 
@@ -81,6 +81,19 @@ def test_without_a_recipe_the_dotenv_decides(captured: dict, tmp_path: Path) -> 
     assert "VERLBOX_IMAGE" not in env and "VERLBOX_UID" not in env
     assert env["VERLBOX_GID"] == str(os.getgid())
     assert captured["args"][3] == str(tmp_path / "compose.yaml")  # the folder's own compose file wins
+
+
+def test_run_dir_is_the_project_from_anywhere_and_is_named(captured: dict, tmp_path: Path) -> None:
+    """--run DIR: compose's project folder (so its .env and relative mounts) is DIR wherever verlbox runs,
+    and the run says which folder it used; a folder that is not a run folder is one line, nothing run."""
+    folder = tmp_path / "runs" / "first"
+    folder.mkdir(parents=True)
+    (folder / ".env").write_text("VERLBOX_IMAGE=verlbox/p40-cu124:0.1.0\n")
+    run("--run", str(folder))
+    assert captured["args"][1:6] == ["compose", "-f", str(REPO / "compose.yaml"), "--project-directory", str(folder)]
+    assert captured["where"] == f"run folder {folder} (its .env)" and "VERLBOX_IMAGE" not in captured["env"]
+    captured.clear()
+    assert cli.main(["shell", "--run", str(tmp_path / "runs")]) == 2 and captured == {}
 
 
 def test_no_gpu_adds_one_override_that_resets_the_reservation(captured: dict, tmp_path: Path) -> None:
@@ -220,8 +233,8 @@ def test_outside_a_run_folder_it_says_so_instead_of_naming_a_recipe_to_build(run
     user may not want), but where to go."""
     result = run_verlbox("shell", "--no-gpu", "--", "true", cwd=run_folder)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        f"verlbox: error: {run_folder} is not a run folder (no .env or compose.yaml): cd into yours (`verlbox init "
-        "DIR` makes one), or name the image: verlbox shell RECIPE, or --image REF"
+        f"verlbox: error: {run_folder} is not a run folder (no .env or compose.yaml): cd into yours or give --run "
+        "DIR (`verlbox init DIR` makes one), or name the image: verlbox shell RECIPE, or --image REF"
     ]
 
 
@@ -266,6 +279,10 @@ def test_no_gpu_runs_the_image_and_leaves_nothing_behind(tiny_image: str, run_fo
     failing = run_verlbox("shell", "--no-gpu", "--image", tiny_image, "--", "false", cwd=run_folder)
     # the command's own exit code: a container really ran
     assert failing.returncode == 1 and "verlbox: error" not in failing.stderr
+    assert engine_state() == before
+    (run_folder / ".env").write_text(f"VERLBOX_IMAGE={tiny_image}\n")  # --run DIR from elsewhere: its .env's image
+    elsewhere = run_verlbox("shell", "--no-gpu", "--run", str(run_folder), "--", "true", cwd=REPO / "tests")
+    assert elsewhere.returncode == 0 and f"run folder {run_folder} (its .env)" in elsewhere.stderr, elsewhere.stderr
     assert engine_state() == before
 
 

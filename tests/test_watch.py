@@ -85,6 +85,28 @@ def test_verlbox_report_writes_the_png_and_bad_folders_are_one_line(run_folder: 
     assert "Traceback" not in result.stderr and not (tmp_path / "r.png").exists()
 
 
+def test_report_finds_a_run_through_the_run_folder(run_folder: Path, tmp_path: Path) -> None:
+    """In a run folder (or with --run DIR) report takes an EXPERIMENT's name, or the newest run, from the
+    checkpoints folder the .env names, and says which it drew."""
+    (tmp_path / ".env").write_text("VERLBOX_CHECKPOINTS=./checkpoints\n")
+    older = tmp_path / "checkpoints" / "older"
+    shutil.copytree(run_folder, older)
+    os.utime(older / "run.json", (1, 1))
+    newest = run_verlbox("report", cwd=tmp_path)
+    assert newest.returncode == 0, newest.stderr
+    assert newest.stderr.splitlines() == [f"run folder {tmp_path} (its .env), experiment qwen-ppo"]
+    assert (run_folder / "report.png").is_file() and not (older / "report.png").exists()
+    named = run_verlbox("report", "older", "--run", str(tmp_path))
+    assert named.returncode == 0 and (older / "report.png").is_file(), named.stderr
+    missing = run_verlbox("report", "olde", "--run", str(tmp_path))
+    assert missing.returncode == 2 and missing.stderr.splitlines() == [
+        f"verlbox: error: {tmp_path / 'checkpoints' / 'olde'}: not a folder; `verlbox runs` lists the run folder's "
+        "experiments"
+    ]
+    nowhere = run_verlbox("report", cwd=run_folder)
+    assert nowhere.returncode == 2 and "no run folder here" in nowhere.stderr
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

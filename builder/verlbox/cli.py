@@ -222,10 +222,15 @@ def build_parser() -> argparse.ArgumentParser:
     shell.epilog = "verlbox shell [RECIPE] -- CMD ARGS...  runs one command instead of bash"
 
     sub["runs"].add_argument(
-        "folder", nargs="?", default="checkpoints", help="a checkpoints folder, or one run's (default: ./checkpoints)"
+        "folder", nargs="?", help="a checkpoints folder, or one run's (default: the run folder's checkpoints)"
     )
 
-    sub["report"].add_argument("folder", help="one run's folder: checkpoints/EXPERIMENT (metrics.jsonl, run.json)")
+    sub["report"].add_argument(
+        "folder",
+        nargs="?",
+        help="one run's folder (checkpoints/EXPERIMENT: metrics.jsonl, run.json), or an EXPERIMENT of the run "
+        "folder (default: its newest)",
+    )
     sub["report"].add_argument("--out", help="the PNG to write (default: FOLDER/report.png)")
 
     train = sub["train"]
@@ -265,12 +270,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     fetch = sub["fetch"]
     fetch.add_argument("what", choices=["model", "data"], help="model: Qwen/Qwen2.5-0.5B-Instruct; data: openai/gsm8k")
-    fetch.add_argument("--out", required=True, help="the folder to fill (a run folder's models/NAME or data/gsm8k-raw)")
+    fetch.add_argument("--out", help="the folder to fill (default: the run folder's models/NAME, or data/gsm8k-raw)")
     fetch.add_argument("--repo", help="another hub repository (default: the profile's model, or openai/gsm8k)")
     fetch.add_argument(
         "--revision",
         help="a branch, tag or commit (default: $VERLBOX_MODEL_REVISION / $VERLBOX_DATA_REVISION, else main)",
     )
+
+    for name in ("shell", "fetch", "runs", "report"):
+        sub[name].add_argument(
+            "--run",
+            metavar="DIR",
+            help="the run folder to read (its .env and folders; default: the current folder, if it is one)",
+        )
 
     sub["patch-verl"].add_argument("directory", help="the folder that holds the verl/ package (e.g. site-packages)")
     return parser

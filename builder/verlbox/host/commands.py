@@ -379,21 +379,19 @@ def overrides(args: argparse.Namespace) -> int:
 
 def runs(args: argparse.Namespace) -> int:
     """Every start recorded in FOLDER/*/run.json (or FOLDER/run.json), oldest first, as one table. A run
-    folder (one with checkpoints/) is read through its checkpoints folder; a damaged record is one row
-    saying so, the others are still listed, and the exit is 1."""
+    folder is read through the checkpoints folder its .env names; a damaged record is one row saying so,
+    the others are still listed, and the exit is 1."""
     from rich.table import Table
 
     from verlbox.runtime.run_record import RUN_FILE, read_runs
 
-    folder = Path(args.folder)
-    if not folder.is_dir():
-        raise UsageError(f"{folder}: not a folder; give the checkpoints folder of a run folder")
+    folder = _checkpoints_folder(args)
 
     def recorded(where: Path) -> list[Path]:
         return [where] if (where / RUN_FILE).is_file() else sorted(p.parent for p in where.glob(f"*/{RUN_FILE}"))
 
     experiments = recorded(folder)
-    if not experiments and (folder / "checkpoints").is_dir():
+    if not experiments and (folder / "checkpoints").is_dir():  # a run folder whose .env is gone
         folder = folder / "checkpoints"
         experiments = recorded(folder)
         err.print(f"runs under {folder}", markup=False)
@@ -427,12 +425,57 @@ def runs(args: argparse.Namespace) -> int:
     return 1 if damaged else 0
 
 
+def _checkpoints_folder(args: argparse.Namespace) -> Path:
+    """FOLDER as given; for a run folder (FOLDER, --run DIR, or the current one) the checkpoints its .env
+    names (VERLBOX_CHECKPOINTS); else ./checkpoints."""
+    from verlbox.run_folder import find_run_folder, is_run_folder
+
+    if args.folder and args.run:
+        raise UsageError("give a checkpoints FOLDER or --run DIR, not both")
+    run = None
+    if args.folder and not is_run_folder(Path(args.folder)):
+        folder = Path(args.folder)
+    else:
+        run = find_run_folder(args.folder or args.run, named_by="" if args.folder else "--run ")
+        folder = run.checkpoints if run else Path("checkpoints")
+    if not folder.is_dir():
+        raise UsageError(f"{folder}: not a folder; give the checkpoints folder of a run folder")
+    if run:
+        run.announce(lambda text: err.print(text, markup=False))
+    return folder
+
+
+def _report_folder(args: argparse.Namespace) -> Path:
+    """One run's folder: FOLDER as a path, else an EXPERIMENT of the run folder, else that folder's newest run."""
+    from verlbox.run_folder import find_run_folder
+    from verlbox.runtime.run_record import RUN_FILE
+
+    named = args.folder is not None and "/" not in args.folder  # an EXPERIMENT's name, or a folder here
+    if args.folder and not args.run and Path(args.folder).is_dir():
+        return Path(args.folder)
+    run = find_run_folder(args.run) if named or args.folder is None else None
+    if run is None:
+        what = f"{args.folder}: not a folder" if args.folder else "no run folder here (no .env or compose.yaml)"
+        raise UsageError(f"{what}; give one run's folder (checkpoints/EXPERIMENT), or --run DIR and an EXPERIMENT")
+    if args.folder:
+        folder = run.checkpoints / args.folder
+        if not folder.is_dir():
+            raise UsageError(f"{folder}: not a folder; `verlbox runs` lists the run folder's experiments")
+    else:
+        recorded = sorted(run.checkpoints.glob(f"*/{RUN_FILE}"), key=lambda path: path.stat().st_mtime)
+        if not recorded:
+            raise UsageError(
+                f"no runs recorded under {run.checkpoints} (a start of `train` writes EXPERIMENT/{RUN_FILE})"
+            )
+        folder = recorded[-1].parent
+    err.print(f"{run.described}, experiment {folder.name}", markup=False)
+    return folder
+
+
 def report(args: argparse.Namespace) -> int:
     from verlbox.host.report import write_report
 
-    folder = Path(args.folder)
-    if not folder.is_dir():
-        raise UsageError(f"{folder}: not a folder; give one run's folder (checkpoints/EXPERIMENT)")
+    folder = _report_folder(args)
     written = write_report(folder, Path(args.out) if args.out else None)
     out.print(f"wrote {written}", markup=False)
     return 0

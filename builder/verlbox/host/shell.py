@@ -24,7 +24,7 @@ from typing import Any
 from verlbox import paths
 from verlbox.dotenv import dotenv_values
 from verlbox.errors import UsageError, VerlboxError
-from verlbox.host.commands import image_for
+from verlbox.host.commands import err, image_for
 
 # compose's `!reset` (compose >= 2.24) drops the GPU reservation and nothing else: mounts, user,
 # environment and shared memory stay train's own
@@ -161,12 +161,15 @@ def _interrupt_goes_to_compose() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def run_checked(args: argparse.Namespace, run: ComposeRun) -> int:
+def run_checked(args: argparse.Namespace, run: ComposeRun, where: str | None = None) -> int:
+    """Checks, then the run; WHERE (the run folder used) is said once the checks pass: a failure stays one line."""
     from verlbox.host.engine import client
 
     engine = client()
     project = resolved_project(run)
     check_before_run(args, engine, project["services"]["train"])
+    if where:
+        err.print(where, markup=False)
     before = {network.name for network in _project_networks(engine, project["name"])}
     try:
         with _interrupt_goes_to_compose():
@@ -177,16 +180,21 @@ def run_checked(args: argparse.Namespace, run: ComposeRun) -> int:
 
 
 def shell(args: argparse.Namespace) -> int:
-    here = Path.cwd()
-    if not (args.recipe or args.image or (here / ".env").is_file() or (here / "compose.yaml").is_file()):
+    from verlbox.run_folder import find_run_folder
+
+    run = find_run_folder(args.run)
+    if run is None and not (args.recipe or args.image):
         # compose's default image would be named otherwise: advice to build a recipe this user may not want
         raise UsageError(
-            f"{here} is not a run folder (no .env or compose.yaml): cd into yours (`verlbox init DIR` makes one), "
-            "or name the image: verlbox shell RECIPE, or --image REF"
+            f"{Path.cwd()} is not a run folder (no .env or compose.yaml): cd into yours or give --run DIR "
+            "(`verlbox init DIR` makes one), or name the image: verlbox shell RECIPE, or --image REF"
         )
+    workdir = run.path if run else Path.cwd()
     with tempfile.TemporaryDirectory(prefix="verlbox-shell-") as scratch:
         override = None
         if args.no_gpu:
             override = Path(scratch) / "no-gpu.yaml"
             override.write_text(NO_GPU_OVERRIDE)
-        return run_checked(args, shell_command(args, Path.cwd(), dict(os.environ), override))
+        return run_checked(
+            args, shell_command(args, workdir, dict(os.environ), override), run.described if run else None
+        )

@@ -110,18 +110,30 @@ def prepare_data(args: argparse.Namespace) -> int:
 def fetch(args: argparse.Namespace) -> int:
     """The model or GSM8K into --out, as `train` fetches it on first start; a folder that already holds it
     is checked against its record instead."""
-    from verlbox.dotenv import dotenv_values
+    from verlbox.run_folder import find_run_folder
     from verlbox.runtime import hub
 
     environ = dict(os.environ)
-    settings = {} if environ.get(SPEC_VARIABLE) else dotenv_values(Path(".env"))
-    if settings:  # on the host, in a run folder: its settings, as compose gives them to train (the shell's win)
-        environ = {key: value for key, value in settings.items() if value} | environ
-        err.print(f"settings from {Path('.env').resolve()}", markup=False)
+    in_image = bool(environ.get(SPEC_VARIABLE))
+    if in_image and args.run:
+        raise UsageError("--run names a run folder on the host; in the image its folders are mounted (/models, /data)")
+    run = None if in_image else find_run_folder(args.run)
+    if run and (run.settings or not args.out):  # it is read: its settings, as compose gives them to train
+        environ = {key: value for key, value in run.settings.items() if value} | environ  # the shell's own win
+        run.announce(lambda text: err.print(text, markup=False))
+    if args.out:
+        target = Path(args.out)
+    elif run:
+        target = run.fetch_target(args.what)
+    else:
+        raise UsageError(
+            f"fetch {args.what}: give --out DIR, or run it in a run folder (or with --run DIR) to fill that folder's "
+            f"{'models/NAME' if args.what == 'model' else 'data/gsm8k-raw'}"
+        )
     source = hub.source_from_environment(args.what, environ, args.repo, args.revision)
     done = hub.ensure(
         source,
-        Path(args.out),
+        target,
         hub.Hub.from_environment(environ),
         lambda text: err.print(text, markup=False),
         by_hand=False,
