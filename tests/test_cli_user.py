@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,22 @@ def test_recipes_piped_keep_every_name_and_purpose_whole() -> None:
     for name in ("p40", "p40-cu124"):
         row = next(line for line in result.stdout.splitlines() if f" {name} " in line)
         assert load_recipe(name).description in row
+
+
+def test_recipes_name_the_driver_floor_doctor_applies() -> None:
+    """The driver column is doctor's rule, not the description's prose: its lowest driver is accepted by
+    doctor (through CUDA's compatibility), the one below it is refused, the full-support one has no note."""
+    from verlbox.host.doctor import driver_support
+
+    result = run_verlbox("recipes")
+    for name in ("p40", "p40-cu124"):
+        row = next(line for line in result.stdout.splitlines() if f" {name} " in line)
+        lowest, full = re.search(r">= (\S+) \(full support from (\S+)\)", row).groups()
+        cuda = load_recipe(name).cuda.version
+        assert driver_support(lowest, cuda)[0] and "compatibility" in driver_support(lowest, cuda)[1]
+        assert driver_support(full, cuda) == (True, "")
+        below = lowest.split(".")
+        assert not driver_support(f"{int(below[0]) - 1}.{below[1]}", cuda)[0]
 
 
 def test_render_check_says_what_matches_and_takes_a_recipe(tmp_path: Path) -> None:

@@ -275,11 +275,11 @@ def test_the_newest_tagged_image_wins_and_staging_tags_never_do() -> None:
     assert newest_first(listed[1:3]) == []
 
 
-def build_labelled(folder: Path, tag: str, epoch: int, label: bool) -> None:
+def build_labelled(folder: Path, tag: str, epoch: int, label: bool, more: str = "") -> None:
     """A two-byte image FROM scratch, dated EPOCH (BuildKit's SOURCE_DATE_EPOCH sets its Created)."""
     folder.mkdir()
     (folder / "marker").write_text(tag)
-    labels = "LABEL io.verlbox.recipe=init-test\n" if label else ""
+    labels = f"LABEL io.verlbox.recipe=init-test{more}\n" if label else ""
     (folder / "Dockerfile").write_text(f"FROM scratch\n{labels}COPY marker /marker\n")
     docker("buildx", "build", "-q", "--load", "--build-arg", f"SOURCE_DATE_EPOCH={epoch}", "-t", tag, str(folder))
 
@@ -329,3 +329,35 @@ def test_an_image_the_engine_lacks_is_named_only_on_purpose_and_compose_never_pu
     )  # fmt: skip
     assert up.returncode != 0 and "Pulling" not in up.stdout + up.stderr
     subprocess.run(["docker", "compose", "down"], cwd=tmp_path / "run", capture_output=True, check=False)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize(
+    ("driver", "note"),
+    [
+        ("470.82.01", "driver 470.82.01 cannot run {image}'s CUDA 12.4 (needs driver >= 525.60.13, full support "
+         "from 550.54.14): train's preflight will stop there; `verlbox doctor` names the recipes this driver runs"),
+        ("535.104.05", "driver 535.104.05 runs {image}'s CUDA 12.4 through CUDA minor-version compatibility "
+         "(>= 525.60.13), full support from 550.54.14"),
+        ("550.54.14", None),
+    ],
+    ids=["too-old", "compatibility", "full"],
+)  # fmt: skip
+def test_init_says_when_this_driver_cannot_run_the_image_s_cuda(
+    docker_engine: object, tmp_path: Path, driver: str, note: str | None
+) -> None:
+    """doctor's rule, applied by init to the image it names (its io.verlbox.pin.cuda label) and the driver
+    nvidia-smi reports: quiet when the driver fully supports it."""
+    image = f"verlbox-test/init-cuda:{os.getpid()}"
+    build_labelled(tmp_path / "image", image, 4_000_000_000, label=True, more=" io.verlbox.pin.cuda=12.4")
+    listing = "echo 'GPU 0: Tesla P40 (UUID: GPU-a)'"
+    query = f"echo '0, Tesla P40, 6.1, 24576, {driver}'"
+    fake_nvidia_smi(tmp_path / "bin", f'if [ "$1" = -L ]; then {listing}; else {query}; fi')
+    try:
+        path = f"{tmp_path / 'bin'}:{os.environ['PATH']}"
+        result = run_verlbox("init", "run", "--image", image, cwd=tmp_path, env={"PATH": path})
+    finally:
+        docker("image", "rm", image, check=False)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "driver" in line]
+    assert said == ([f"note: {note.format(image=image)}"] if note else [])

@@ -44,13 +44,18 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def recipes(args: argparse.Namespace) -> int:
-    table = Table("recipe", "target GPU (CC)", "CUDA", "torch", "verl", "what it is for")
+    from verlbox.runtime.gpu import CUDA_MIN_DRIVER
+
+    table = Table("recipe", "target GPU (CC)", "CUDA", "NVIDIA driver", "torch", "verl", "what it is for")
     for name in recipe_names():
         recipe = load_recipe(name)
+        full, compatible = CUDA_MIN_DRIVER.get(recipe.cuda.version, ("?", "?"))
         table.add_row(
             name,
             ", ".join(recipe.target_gpus),
             f"{recipe.cuda.version} ({recipe.cuda.provided_by})",
+            # doctor's and preflight's rule: the compatibility floor runs, the full-support floor is advised
+            f">= {compatible} (full support from {full})",
             recipe.torch.version,
             recipe.verl.version,
             recipe.description,

@@ -38,6 +38,7 @@ from verlbox.host.staging import REPOSITORY as STAGING_REPOSITORY
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 RECIPE_LABEL = "io.verlbox.recipe"
+CUDA_LABEL = "io.verlbox.pin.cuda"
 FOLDERS = ("models", "data", "checkpoints", "hf-cache")
 RECORD = ".verlbox-init.json"
 NVIDIA_SMI_TIMEOUT_S = 30
@@ -69,6 +70,8 @@ def init(args: argparse.Namespace) -> int:
     gpus, gpu_problem = gpu_count()
     if gpu_problem:
         notes.append(f"{gpu_problem}: VERLBOX_GPUS=1 (set it in .env)")
+    elif note := driver_note(image):
+        notes.append(note)
     uid, gid = caller(os.environ)
     settings = {"VERLBOX_IMAGE": image, "VERLBOX_UID": str(uid), "VERLBOX_GID": str(gid), "VERLBOX_GPUS": str(gpus)}
     texts = {"compose.yaml": paths.compose_file().read_text(), ".env": render_env(template, settings)}
@@ -132,6 +135,29 @@ def _image(requested: str | None, previous: dict[str, str], notes: list[str]) ->
         notes.append(f"{problem}; VERLBOX_IMAGE={previous['VERLBOX_IMAGE']} kept from .env")
         return previous["VERLBOX_IMAGE"]
     raise UsageError(f"{problem}: {advice}")
+
+
+def driver_note(image: str) -> str | None:
+    """What doctor would say of this host's driver and IMAGE's CUDA (its io.verlbox.pin.cuda label), when
+    the driver is too old for it or runs it only through CUDA's minor-version compatibility; else nothing."""
+    from verlbox.host.doctor import GpuQueryError, driver_support, query_gpus
+
+    try:
+        cuda = (client().images.get(image).labels or {}).get(CUDA_LABEL)
+        drivers = sorted({gpu.driver for gpu in query_gpus()})
+    except (docker.errors.DockerException, EngineError, GpuQueryError):
+        return None  # no image to read, or no driver to ask: nothing to compare (gpu_count said why)
+    if not cuda or len(drivers) != 1:
+        return None
+    runs, said = driver_support(drivers[0], cuda)
+    if runs and not said:
+        return None
+    if runs:
+        return f"driver {drivers[0]} runs {image}'s CUDA {cuda} {said}"
+    return (
+        f"driver {drivers[0]} cannot run {image}'s CUDA {cuda} ({said}): train's preflight will stop there; "
+        "`verlbox doctor` names the recipes this driver runs"
+    )
 
 
 def engine_has(image: str) -> bool:
