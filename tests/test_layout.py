@@ -13,7 +13,7 @@ from conftest import REPO
 
 PACKAGE = REPO / "builder" / "verlbox"
 # what the image side may import from verlbox: itself and the shared leaves
-SHARED = {"verlbox", "verlbox.errors", "verlbox.files", "verlbox.dotenv"}
+SHARED = {"verlbox", "verlbox.errors", "verlbox.files", "verlbox.dotenv", "verlbox.run_folder"}
 
 
 def verlbox_imports(path: Path) -> set[str]:

@@ -1,9 +1,10 @@
 """`verlbox report RUN_DIR`: one PNG of a run, from the metrics file `train` writes beside its checkpoints.
 
 Four panels per step: reward (validation points on it), response length, samples per second of training
-(a step's validation and save left out), and GPU memory reserved against the limit the run had (the cap,
-else the card). Every later start of `train` and every
-restart of verl inside one is a dashed line at the first step it logged, so a jump is seen with its cause.
+(a step's validation and save left out) with the achieved fp32 TFLOP/s per GPU against the card's peak
+(utilization.py), and GPU memory reserved against the limit the run had (the cap, else the card). Every
+later start of `train` and every restart of verl inside one is a dashed line at the first step it logged,
+so a jump is seen with its cause.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from pathlib import Path
 
 from verlbox.errors import UsageError
 from verlbox.files import write_atomically
-from verlbox.runtime import progress
+from verlbox.runtime import progress, utilization
 from verlbox.runtime.run_record import Run, read_runs
+from verlbox.runtime.utilization import training_seconds
 
 REPORT_FILE = "report.png"
 
@@ -39,6 +41,8 @@ class RunReport:
     validation: Series
     response_length: Series
     samples_per_s: Series
+    tflops_per_gpu: Series  # achieved fp32 rate (train's utilization figure), where the run recorded it
+    peak_tflops: float | None  # the card's fp32 peak, where known
     memory_gib: Series
     memory_limit_gib: float | None
     restarts: list[tuple[int, str]]  # (first step after it, what it was)
@@ -75,20 +79,13 @@ def read_report(folder: Path) -> RunReport:
         validation=Series.of(validation),
         response_length=series(progress.RESPONSE_LENGTH),
         samples_per_s=Series.of(samples),
+        tflops_per_gpu=series(utilization.TFLOPS_PER_GPU),
+        peak_tflops=utilization.PEAK_FP32_TFLOPS.get(last.gpus[0].name) if last and last.gpus else None,
         memory_gib=series(progress.MEMORY_RESERVED),
         memory_limit_gib=memory_limit(last),
         restarts=restart_marks(runs, records),
         caption=caption(last),
     )
-
-
-def training_seconds(metrics: dict[str, float]) -> float | None:
-    """The step's time without its validation and its save: the speed of training itself, which a step that
-    also validated or saved would hide."""
-    if not metrics.get(progress.STEP_SECONDS):
-        return None
-    extra = sum(metrics.get(key, 0.0) for key in ("timing_s/testing", "timing_s/save_checkpoint"))
-    return metrics[progress.STEP_SECONDS] - extra
 
 
 def run_at(runs: list[Run], at: str) -> Run | None:
@@ -146,6 +143,12 @@ def render_png(report: RunReport) -> bytes:
     length.set_ylabel("response length (tokens, mean)")
     speed.plot(report.samples_per_s.steps, report.samples_per_s.values, marker=".", color="tab:purple")
     speed.set_ylabel("samples / s (without validation, saves)")
+    if report.tflops_per_gpu.steps:
+        rate = speed.twinx()
+        rate.plot(report.tflops_per_gpu.steps, report.tflops_per_gpu.values, ".--", color="tab:brown")
+        peak = f", peak {report.peak_tflops:g}" if report.peak_tflops else ""
+        rate.set_ylabel(f"fp32 TFLOP/s per GPU (dashed{peak})", color="tab:brown")
+        rate.set_ylim(0, report.peak_tflops or max(report.tflops_per_gpu.values) * 1.2)
     memory.plot(report.memory_gib.steps, report.memory_gib.values, marker=".", color="tab:orange", label="reserved")
     if report.memory_limit_gib:
         memory.axhline(report.memory_limit_gib, color="tab:red", linestyle=":", label="limit")

@@ -22,6 +22,7 @@ from typing import IO
 
 from rich.text import Text
 
+from verlbox.runtime import utilization
 from verlbox.runtime.overrides import override_int
 from verlbox.runtime.run_record import now
 
@@ -97,6 +98,16 @@ class Progress:
     memory_limit_gib: float | None  # the cap (--gpu-memory-gib) or the card's memory; None when unknown
     total_steps: int | None = None
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=10))
+    # for the achieved fp32 rate: the model's shape, the GPUs training, the card (None: not shown)
+    shape: utilization.ModelShape | None = None
+    gpus: int = 1
+    gpu_name: str | None = None
+
+    def with_utilization(self, metrics: dict[str, float]) -> dict[str, float]:
+        """METRICS and the step's achieved fp32 TFLOP/s per GPU and share of the card's peak, where known."""
+        if self.shape is None:
+            return metrics
+        return metrics | utilization.step_utilization(self.shape, metrics, self.gpus, self.gpu_name)
 
     def line(self, step: int, metrics: dict[str, float]) -> Text:
         seconds = metrics.get(STEP_SECONDS)
@@ -105,6 +116,8 @@ class Progress:
         text = Text(f"step {step}" + (f"/{self.total_steps}" if self.total_steps else ""), style="bold")
         if seconds:
             text.append(f"  {seconds:.1f} s/step  {self.samples_per_step / seconds:.2f} samples/s")
+        if (achieved := utilization.describe(metrics)) is not None:
+            text.append(f"  {achieved}")
         if (reward := metrics.get(REWARD)) is not None:
             text.append(f"  reward {reward:.3f}")
         if (validation := validation_reward(metrics)) is not None:
@@ -242,11 +255,12 @@ class RunWatch:
                 self._saving.clear()
             self._say(line)
             return
-        step = parse_step(line)
-        if step is not None:
+        parsed = parse_step(line)
+        if parsed is not None:
             self._saving.clear()
-            self._record(*step, attempt)
-            self._say(self.progress.line(*step))
+            step, metrics = parsed[0], self.progress.with_utilization(parsed[1])
+            self._record(step, metrics, attempt)
+            self._say(self.progress.line(step, metrics))
             return
         text = plain(line)
         if total := TOTAL_LINE.search(text):

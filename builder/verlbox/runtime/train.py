@@ -15,7 +15,17 @@ from rich.text import Text
 
 from verlbox import __version__
 from verlbox.errors import PreflightFailed, RunHalted, UsageError, VerlboxError
-from verlbox.runtime import checkpoints, cluster, environment, hub, preflight, progress, run_record, supervisor
+from verlbox.runtime import (
+    checkpoints,
+    cluster,
+    environment,
+    hub,
+    preflight,
+    progress,
+    run_record,
+    supervisor,
+    utilization,
+)
 from verlbox.runtime.data import prepare_gsm8k
 from verlbox.runtime.memory_cap import SITECUSTOMIZE_DIR
 from verlbox.runtime.overrides import (
@@ -372,7 +382,13 @@ def run_watch(
         else:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    steps = progress.Progress(progress.responses_per_step(overrides), limit)
+    steps = progress.Progress(
+        progress.responses_per_step(overrides),
+        limit,
+        shape=utilization.read_shape(Path(model)) if (model := override_value(overrides, MODEL_KEY)) else None,
+        gpus=override_int(overrides, "trainer.n_gpus_per_node", 1) * override_int(overrides, "trainer.nnodes", 1),
+        gpu_name=facts.devices[0].name if facts and facts.devices else None,
+    )
     return progress.RunWatch(None if plain_mode else folder, steps, show)
 
 

@@ -1,0 +1,109 @@
+"""The achieved fp32 rate of a step: the FLOP count from a model's config and verl's real token counts, shown
+on the compact line and kept in metrics.jsonl (runtime/utilization.py documents the formula)."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_progress import recorded_lines, recorded_steps
+from verlbox.runtime import progress, utilization
+from verlbox.runtime.progress import Progress, RunWatch, read_metrics
+from verlbox.runtime.utilization import PEAK_SHARE, TFLOPS_PER_GPU, ModelShape
+
+# Qwen2.5-0.5B-Instruct's config.json, the keys the count reads
+QWEN_05B = {
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+}
+QWEN = ModelShape.from_config(QWEN_05B)
+PPO_TIMINGS = ("gen", "old_log_prob", "values", "update_critic", "update_actor")
+
+
+def test_the_counted_weights_are_the_model_s_published_size_less_embedding_biases_and_norms() -> None:
+    """Qwen2.5-0.5B has 494,032,768 parameters: the matmul weights counted here, the tied embedding, and
+    the q/k/v biases and RMSNorm weights, which cost no matmul FLOPs."""
+    embedding = QWEN.vocab * QWEN.hidden
+    biases = QWEN.layers * (QWEN.heads + 2 * QWEN.kv_heads) * QWEN.head_dim
+    norms = (2 * QWEN.layers + 1) * QWEN.hidden
+    assert QWEN.head_dim == 64
+    assert QWEN.layer_weights + embedding + biases + norms == 494_032_768
+
+
+def step_metrics(tokens: float, prompt: float, response: float, seconds: float, *timings: str) -> dict[str, float]:
+    return {
+        utilization.TOTAL_TOKENS: tokens,
+        utilization.PROMPT_LENGTH: prompt,
+        utilization.RESPONSE_LENGTH: response,
+        "timing_s/step": seconds,
+    } | {f"timing_s/{name}": 1.0 for name in timings}
+
+
+def test_a_ppo_step_is_five_actor_and_four_critic_forwards_per_real_token() -> None:
+    tokens, sequence = 18_688, 292.0
+    metrics = step_metrics(tokens, 36, 256, 15.2, *PPO_TIMINGS)
+    actor = 2 * QWEN.layer_weights + 2 * 24 * 896 * sequence + 2 * 151_936 * 896
+    critic = 2 * QWEN.layer_weights + 2 * 24 * 896 * sequence
+    assert utilization.step_flops(QWEN, metrics) == pytest.approx(tokens * (5 * actor + 4 * critic))
+    # about 0.15 PFLOP: the issue's 0.35 counted padding (32,768 positions) and gradient checkpointing's recompute
+    assert utilization.step_flops(QWEN, metrics) == pytest.approx(1.48e14, rel=0.01)
+    # GRPO (no critic) and a reference model for KL: the passes verl timed are the passes counted
+    grpo = step_metrics(tokens, 36, 256, 15.2, "gen", "old_log_prob", "ref", "update_actor")
+    assert utilization.step_flops(QWEN, grpo) == pytest.approx(tokens * 6 * actor)
+
+
+def test_validation_and_saving_are_not_training_time_and_the_share_needs_a_known_card() -> None:
+    metrics = step_metrics(10_000, 50, 150, 30.0, *PPO_TIMINGS) | {
+        "timing_s/testing": 12.0,
+        "timing_s/save_checkpoint": 8.0,
+    }
+    assert utilization.training_seconds(metrics) == 10.0
+    on_two = utilization.step_utilization(QWEN, metrics, gpus=2, gpu_name="Tesla P40")
+    expected = utilization.step_flops(QWEN, metrics) / 10.0 / 2 / 1e12
+    assert on_two[TFLOPS_PER_GPU] == pytest.approx(expected)
+    assert on_two[PEAK_SHARE] == pytest.approx(expected / 11.8)
+    unknown = utilization.step_utilization(QWEN, metrics, gpus=1, gpu_name="Some Future GPU")
+    assert set(unknown) == {TFLOPS_PER_GPU}
+    assert utilization.describe(unknown) == f"{unknown[TFLOPS_PER_GPU]:.1f} TFLOP/s"
+    assert utilization.step_utilization(QWEN, {"timing_s/step": 3.0}, 1, "Tesla P40") == {}  # no token counts
+
+
+def test_every_recorded_step_shows_its_rate_on_the_line_and_keeps_it_in_the_metrics(tmp_path) -> None:
+    """verl's real console (the lent H200, capped at 24 GiB): each training step's compact line carries the
+    achieved rate against the H200's peak, and metrics.jsonl keeps both numbers beside verl's."""
+    shown: list[str] = []
+    watch = RunWatch(
+        tmp_path, Progress(16, 24, shape=QWEN, gpus=1, gpu_name="NVIDIA H200"), lambda t: shown.append(str(t))
+    )
+    for line in recorded_lines():
+        watch.take(line, attempt=1)
+    records = read_metrics(tmp_path / progress.METRICS_FILE)
+    trained = [record for record in records if progress.STEP_SECONDS in record.metrics]
+    assert trained and len(trained) == len([s for _, s in recorded_steps() if progress.STEP_SECONDS in s])
+    for record in trained:
+        achieved = record.metrics[TFLOPS_PER_GPU]
+        assert 0.1 < achieved < 67 and record.metrics[PEAK_SHARE] == pytest.approx(achieved / 67)
+        line = next(text for text in shown if text.startswith(f"step {record.step}/"))
+        assert f"{achieved:.1f} TFLOP/s ({record.metrics[PEAK_SHARE]:.0%} of fp32 peak)" in line
+
+
+def test_the_report_draws_the_rate_against_the_card_s_peak(tmp_path) -> None:
+    """metrics.jsonl as train now writes it (the recorded console, watched with the model's shape): the
+    report's speed panel carries the rate per step and the peak of the card run.json names."""
+    import shutil
+
+    from test_progress import RECORDED
+    from verlbox.host.report import read_report, render_png
+
+    shutil.copy(RECORDED.parent / "run.json", tmp_path / "run.json")
+    watch = RunWatch(tmp_path, Progress(16, 24, shape=QWEN, gpus=1, gpu_name="NVIDIA H200"), lambda t: None)
+    for line in recorded_lines():
+        watch.take(line, attempt=1)
+    report = read_report(tmp_path)
+    assert report.tflops_per_gpu.steps == report.samples_per_s.steps and report.peak_tflops == 67.0
+    rates = {r.step: r.metrics[TFLOPS_PER_GPU] for r in read_metrics(tmp_path / progress.METRICS_FILE) if r.step > 0}
+    assert report.tflops_per_gpu.values == [rates[step] for step in report.tflops_per_gpu.steps]
+    assert render_png(report)[:4] == b"\x89PNG"
