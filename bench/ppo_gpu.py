@@ -51,6 +51,7 @@ PROFILE_RUNS = {"ppo": "p40", "grpo": "grpo", "plain": "p40"}
 # `plain`: the PPO profile as verlbox ran it before issue 18 (verl's console as it is, no TensorBoard): the
 # other half of the "with and without" comparison
 PLAIN = {"env": {"VERLBOX_PROGRESS": "plain"}, "overrides": ["trainer.logger=[console]"]}
+PHASES = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")
 # Ray prefixes the trainer's lines with "(TaskRunner pid=...)"
 _STEP = re.compile(r"step:(\d+) - (.*)$")
 
@@ -172,6 +173,15 @@ def run(
     median = statistics.median(timings) if timings else float("nan")
     reserved = [s.get("perf/max_memory_reserved_gb", float("nan")) for s in ordered]
     validated = [step for step in sorted(steps) if any(key.startswith("val-") for key in steps[step])]
+
+    def median_of(key: str) -> float | None:
+        values = [s[key] for s in plain or ordered if key in s]
+        return round(statistics.median(values), 2) if values else None
+
+    # the positions verl computes per step (every row padded to max prompt + max response) against real tokens
+    lengths = [int(override_value(given, f"data.max_{part}_length") or 0) for part in ("prompt", "response")]
+    computed = batch * answers * sum(lengths)
+    real = median_of("perf/total_num_tokens")
     return {
         "run": name,
         "exit": process.returncode,
@@ -185,6 +195,9 @@ def run(
         "reserved_gb_per_step": [round(r, 2) for r in reserved],
         "allocated_gb_max": max((s.get("perf/max_memory_allocated_gb", 0) for s in ordered), default=None),
         "validated_at": validated,
+        "phase_s": {phase: median_of(f"timing_s/{phase}") for phase in PHASES},
+        "fp32_tflops_per_gpu": median_of("verlbox/fp32_tflops_per_gpu"),
+        "real_positions": f"{real:.0f} of {computed}" if real and computed else None,
         "crashes": crashes,
         "after": disk_state(checkpoint_dir) if checkpoint_dir.is_dir() else None,
     }
