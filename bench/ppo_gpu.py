@@ -255,7 +255,7 @@ def main() -> int:
             overrides = [*given, *common, "trainer.save_freq=-1", "trainer.resume_mode=disable", *extras]
         else:
             batch = 32 if name == "refuse" else 16
-            overrides = [f"data.train_batch_size={batch}", *common, f"trainer.save_freq={args.save_freq}"]
+            overrides = [f"data.train_batch_size={batch}", *common, f"trainer.save_freq={args.save_freq}", *extras]
         kill = args.kill_after_checkpoint if name == "profile" else None
         crashes = args.crash_after_checkpoint if name == "profile" else []
         log = args.out / f"{number}-{name}.log"

@@ -48,7 +48,8 @@ def test_global_batches_grow_with_the_gpu_count_and_per_gpu_sizes_stay(
     for per_gpu_key, size in [
         ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "4"),
         ("critic.ppo_micro_batch_size_per_gpu", "4"),
-        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "4"),
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "8"),
+        ("critic.forward_micro_batch_size_per_gpu", "8"),
         ("actor_rollout_ref.rollout.micro_batch_size", "64"),
     ]:
         assert value(per_gpu_key) == size, per_gpu_key
