@@ -91,7 +91,9 @@ def test_report_finds_a_run_through_the_run_folder(run_folder: Path, tmp_path: P
     (tmp_path / ".env").write_text("VERLBOX_CHECKPOINTS=./checkpoints\n")
     older = tmp_path / "checkpoints" / "older"
     shutil.copytree(run_folder, older)
-    os.utime(older / "run.json", (1, 1))
+    os.utime(older / progress.METRICS_FILE, (1, 1))
+    (tmp_path / "checkpoints" / "failed-at-start").mkdir()  # a start with a run.json and no step logged
+    shutil.copy(run_folder / "run.json", tmp_path / "checkpoints" / "failed-at-start" / "run.json")
     newest = run_verlbox("report", cwd=tmp_path)
     assert newest.returncode == 0, newest.stderr
     assert newest.stderr.splitlines() == [f"run folder {tmp_path} (its .env), experiment qwen-ppo"]

@@ -451,9 +451,9 @@ def _checkpoints_folder(args: argparse.Namespace) -> Path:
 
 
 def _report_folder(args: argparse.Namespace) -> Path:
-    """One run's folder: FOLDER as a path, else an EXPERIMENT of the run folder, else that folder's newest run."""
+    """One run's folder: FOLDER as a path, else an EXPERIMENT of the run folder, else the run that logged last."""
     from verlbox.run_folder import find_run_folder
-    from verlbox.runtime.run_record import RUN_FILE
+    from verlbox.runtime.progress import METRICS_FILE
 
     named = args.folder is not None and "/" not in args.folder  # an EXPERIMENT's name, or a folder here
     if args.folder and not args.run and Path(args.folder).is_dir():
@@ -467,12 +467,11 @@ def _report_folder(args: argparse.Namespace) -> Path:
         if not folder.is_dir():
             raise UsageError(f"{folder}: not a folder; `verlbox runs` lists the run folder's experiments")
     else:
-        recorded = sorted(run.checkpoints.glob(f"*/{RUN_FILE}"), key=lambda path: path.stat().st_mtime)
-        if not recorded:
-            raise UsageError(
-                f"no runs recorded under {run.checkpoints} (a start of `train` writes EXPERIMENT/{RUN_FILE})"
-            )
-        folder = recorded[-1].parent
+        # the run that logged a step last: a start that failed before its first step has no metrics to draw
+        logged = sorted(run.checkpoints.glob(f"*/{METRICS_FILE}"), key=lambda path: path.stat().st_mtime)
+        if not logged:
+            raise UsageError(f"no run under {run.checkpoints} has logged a step yet (EXPERIMENT/{METRICS_FILE})")
+        folder = logged[-1].parent
     err.print(f"{run.described}, experiment {folder.name}", markup=False)
     return folder
 
