@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import graphlib
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,32 @@ def test_a_plain_install_finds_recipes_and_renders_from_any_folder(wheel_venv: P
         check=True,
     )
     assert str(REPO) not in where.stdout and "site-packages" in where.stdout
+
+
+def _module_of(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(path: Path, known: set[str]) -> set[str]:
+    """Every verlbox module PATH imports anywhere (top level, in a function, under TYPE_CHECKING): `from
+    verlbox.runtime import progress` counts as verlbox.runtime.progress where that is a module."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name in known}
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No import circles on either side, type-only imports included: each module can be read, and moved,
+    after the ones it uses (a circle was build -> bundle -> build, and plan <-> render)."""
+    files = {_module_of(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {module: _imported_modules(path, set(files)) - {module} for module, path in files.items()}
+    try:
+        list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as error:
+        pytest.fail(f"an import circle: {' -> '.join(error.args[1])}")

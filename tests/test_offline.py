@@ -210,6 +210,25 @@ def _add_a_build_backend(folder: Path) -> None:
     (folder / "wheels" / "setuptools-99.0.0-py3-none-any.whl").write_bytes(wheel.read_bytes())
 
 
+def _fake_the_apex_commit(folder: Path) -> None:
+    """The source record smoke and verify read the Apex commit from, claiming another commit."""
+    record = folder / "apex" / "verlbox-source.json"
+    faked = json.loads(record.read_text()) | {"commit": "0" * 40}
+    _replace(record, json.dumps(faked).encode())
+
+
+def _rewrite_an_apex_build_record(folder: Path) -> None:
+    """A builder step's record, which a later `verlbox lock` of the image would turn into pins."""
+    record = folder / "apex" / "build-record" / "apex-build-tools.pip.json"
+    entries = json.loads(record.read_text())
+    entries[0]["sha256"] = "0" * 64
+    _replace(record, json.dumps(entries).encode())
+
+
+def _add_a_file_to_apex(folder: Path) -> None:
+    (folder / "apex" / "run-me.sh").write_text("#!/bin/sh\n")
+
+
 @pytest.mark.parametrize(
     ("change", "refusal"),
     [
@@ -217,8 +236,19 @@ def _add_a_build_backend(folder: Path) -> None:
         (_tamper_a_deb, "but Debian's signed index lists"),
         (_add_a_deb, "evil=1.0 not in the lock's step python"),
         (_add_a_build_backend, "setuptools-99.0.0-py3-none-any.whl: not a file the lock names"),
+        (_fake_the_apex_commit, "verlbox-source.json: commit '0000000000000000000000000000000000000000', the recipe's"),
+        (_rewrite_an_apex_build_record, "apex-build-tools.pip.json: differs from the lock's step apex-build-tools"),
+        (_add_a_file_to_apex, "apex/run-me.sh: not a file a bundle's apex/ holds"),
     ],
-    ids=["swapped-apex-wheel", "tampered-deb", "extra-deb", "extra-build-backend"],
+    ids=[
+        "swapped-apex-wheel",
+        "tampered-deb",
+        "extra-deb",
+        "extra-build-backend",
+        "faked-apex-commit",
+        "rewritten-apex-record",
+        "extra-apex-file",
+    ],
 )
 def test_a_crafted_bundle_is_refused_in_one_line_before_any_step_and_the_engine_is_unchanged(
     bundle: Path, tmp_path: Path, change: Callable[[Path], object], refusal: str

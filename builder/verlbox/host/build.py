@@ -14,22 +14,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.status import Status
 
 from verlbox.errors import BuildError
 from verlbox.host.clamp import clamp_image
-from verlbox.host.context import write_context
+from verlbox.host.context import OfflineRepository, write_context
 from verlbox.host.engine import client, require_cli, retag, untag
 from verlbox.host.plan import BuildPlan
 from verlbox.host.reference import ImageReference, parse_tag
 from verlbox.host.sources import BuildSources
 from verlbox.host.staging import remove_dead_builds_tags, staging_tag
-
-if TYPE_CHECKING:  # bundle.py builds through this module
-    from verlbox.host.bundle import OfflineRepository
 
 _STEP_START = re.compile(r"^#(\d+) (\[.+|exporting.+|naming.+|writing.+|unpacking.+)$")
 # what a step line shows: its instruction without mount flags and the CA-trust preamble

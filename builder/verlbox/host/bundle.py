@@ -23,7 +23,6 @@ import stat
 import subprocess
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Annotated, Literal
 from urllib.parse import unquote
@@ -33,17 +32,23 @@ from rich.console import Console
 
 from verlbox.errors import UsageError
 from verlbox.files import write_atomically
+from verlbox.host.archives import check_archive
 from verlbox.host.build import run_buildx
+from verlbox.host.context import OfflineRepository
 from verlbox.host.engine import docker_output, require_cli
-from verlbox.host.lock import Lock
+from verlbox.host.lock import Lock, LockStep
 from verlbox.host.plan import BuildPlan
 from verlbox.host.reference import full_name
 from verlbox.host.schema import Digest, ImageReference, Sha256, Slug, Strict, fault_lines
 from verlbox.host.sources import BuildSources
-from verlbox.runtime.apex_build import file_sha256
+from verlbox.runtime.apex_build import SOURCE_RECORD, file_sha256
 from verlbox.runtime.build_steps import DEBIAN_KEYRING
 
 BUNDLE_FORMAT = 1
+# apex/ beside its wheel: the build stage's records (build-record/STEP.KIND.json) and Apex's source record
+RECORD_FOLDER = "build-record"
+SOURCE_RECORD_KEYS = {"commit", "archive_sha256", "nvcc", "arch_list", "build_patches"}
+NVCC_VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
 MANIFEST = "manifest.json"
 BASE_ARCHIVE = "base.tar"
 
@@ -291,15 +296,6 @@ _ARCHIVE_NAME = re.compile(r"[a-z0-9][a-z0-9.+-]*")
 _POOL_PATH = re.compile(r"pool/(?:[A-Za-z0-9+~_-][A-Za-z0-9.+~_-]*/)+[A-Za-z0-9+~_%-][A-Za-z0-9.+~_%-]*\.deb")
 
 
-@dataclass(frozen=True)
-class OfflineRepository:
-    """What an offline build's apt sees of a bundle: a `file:` repository made of its signed indexes (one
-    sources line per suite) and each step's .debs placed where their Packages entry puts them."""
-
-    sources: str
-    pools: dict[str, list[tuple[str, str]]]  # step -> (.deb file name, path in the repository)
-
-
 def offline_repository(
     bundle: Path, manifest: Manifest, entries: IndexEntries, root: str = "/tmp/verlbox-repo"
 ) -> OfflineRepository:
@@ -398,6 +394,80 @@ def check_compiled(plan: BuildPlan, bundle: Path, manifest: Manifest, lock: Lock
                 )
         if missing := sorted(set(pinned) - set(carried)):
             raise UsageError(f"{shown}/{block.name}: no {_some(missing)} (the lock's)")
+    if plan.apex:
+        check_apex_records(plan, bundle, manifest, lock, shown)
+
+
+def check_apex_records(plan: BuildPlan, bundle: Path, manifest: Manifest, lock: Lock, shown: Path) -> None:
+    """What the offline build copies from apex/ into the image beside the wheel, held to the recipe and lock:
+    the source record (the commit smoke and verify report) to the recipe's Apex pin and build plan, and each
+    build-stage record (which a later `verlbox lock` of the image turns into pins) to the lock's step. Any
+    other file there is refused: nothing of a bundle reaches an image unchecked."""
+    folder = "apex"
+    for name in sorted(path for path in manifest.files if path.startswith(f"{folder}/")):
+        inside = name.removeprefix(f"{folder}/")
+        if inside.endswith(".whl") and "/" not in inside:
+            continue  # check_compiled held it to the lock
+        if inside == SOURCE_RECORD:
+            _check_source_record(plan, bundle, manifest, shown)
+        elif inside.startswith(f"{RECORD_FOLDER}/") and inside.count("/") == 1:
+            _check_step_record(bundle / name, lock, shown / name)
+        else:
+            raise UsageError(f"{shown}/{name}: not a file a bundle's {folder}/ holds (its wheel and records only)")
+    if f"{folder}/{SOURCE_RECORD}" not in manifest.files:
+        raise UsageError(f"{shown}/{folder}: no {SOURCE_RECORD} (Apex's source record)")
+
+
+def _read_json(path: Path, shown: Path) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{shown}: not readable JSON ({exc})") from None
+
+
+def _check_source_record(plan: BuildPlan, bundle: Path, manifest: Manifest, shown: Path) -> None:
+    apex = plan.apex
+    assert apex is not None
+    path = f"apex/{SOURCE_RECORD}"
+    record = _read_json(bundle / path, shown / path)
+    expected = apex.build_plan(plan.recipe.target_gpus)
+    archives = {apex.archive_sha256}
+    carried = f"sources/{apex.archive_name}"
+    if carried in manifest.files:  # the archive the bundle carries, where the recipe's tar stream accepts it
+        archives.add(check_archive(bundle / carried, apex.archive_pin()).sha256)  # refused: one line
+    known_patches = {patch["id"] for patch in expected["build_patches"]}
+    faults = []
+    if not isinstance(record, dict) or set(record) != SOURCE_RECORD_KEYS:
+        faults.append(f"keys {sorted(record) if isinstance(record, dict) else type(record).__name__}, not "
+                      f"{sorted(SOURCE_RECORD_KEYS)}")  # fmt: skip
+    else:
+        for key in ("commit", "arch_list"):
+            if record[key] != expected[key]:
+                faults.append(f"{key} {record[key]!r}, the recipe's is {expected[key]!r}")
+        if record["archive_sha256"] not in archives:
+            faults.append(f"archive_sha256 {record['archive_sha256']!r} is not the recipe's Apex archive")
+        patches = record["build_patches"]
+        if not isinstance(patches, list) or not set(map(str, patches)) <= known_patches:
+            faults.append(f"build_patches {patches!r} are not the recipe's ({sorted(known_patches)})")
+        if not isinstance(record["nvcc"], str) or not NVCC_VERSION.fullmatch(record["nvcc"]):
+            faults.append(f"nvcc {record['nvcc']!r} is not a CUDA version")
+    if faults:
+        raise UsageError(f"{shown / path}: {faults[0]}: not the record of the recipe's Apex compile")
+
+
+def _check_step_record(path: Path, lock: Lock, shown: Path) -> None:
+    """apex/build-record/STEP.KIND.json: exactly the lock's entries of that step and kind."""
+    step_name, _, kind = path.name.removesuffix(".json").rpartition(".")
+    step = lock.step(step_name)
+    if not path.name.endswith(".json") or kind not in ("pip", "apt") or step is None:
+        raise UsageError(f"{shown}: not a record of a step the lock has (STEP.pip.json or STEP.apt.json)")
+    entries = _read_json(path, shown)
+    try:
+        recorded = getattr(LockStep(name=step.name, stage=step.stage, **{kind: entries}), kind)
+    except (ValidationError, TypeError):
+        raise UsageError(f"{shown}: not a build record's entries") from None
+    if recorded != getattr(step, kind):
+        raise UsageError(f"{shown}: differs from the lock's step {step.name} ({kind}); a record is not a pin")
 
 
 def _some(names: list[str]) -> str:

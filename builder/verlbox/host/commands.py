@@ -21,7 +21,7 @@ from verlbox.host.recipe import RecipeHead, load_recipe, recipe_names
 from verlbox.host.render import render_dockerfile
 
 if TYPE_CHECKING:
-    from verlbox.host.bundle import OfflineRepository
+    from verlbox.host.context import OfflineRepository
     from verlbox.host.sources import BuildSources
     from verlbox.runtime.smoke import CheckResult
 

@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from verlbox import paths
 from verlbox.host.plan import BuildPlan
 from verlbox.host.render import render_dockerfile
 from verlbox.host.sources import BuildSources
 
-if TYPE_CHECKING:  # bundle.py builds through this module
-    from verlbox.host.bundle import OfflineRepository
+
+@dataclass(frozen=True)
+class OfflineRepository:
+    """What an offline build's apt sees of a bundle: a `file:` repository made of its signed indexes (one
+    sources line per suite) and each step's .debs placed where their Packages entry puts them (bundle.py
+    makes it; the context writes it)."""
+
+    sources: str
+    pools: dict[str, list[tuple[str, str]]]  # step -> (.deb file name, path in the repository)
+
 
 _IMAGE_PYPROJECT = """\
 # verlbox inside an image: the runtime only needs what the image's runtime step installed.

@@ -13,6 +13,7 @@ from verlbox.errors import UsageError
 from verlbox.host.components import Apex, Component
 from verlbox.host.lock import Lock, read_lock
 from verlbox.host.recipe import RecipeHead
+from verlbox.host.templating import TEMPLATES
 from verlbox.runtime.patches import patch_set_for
 
 Part = Literal["system", "builder", "final"]
@@ -30,8 +31,6 @@ class Block:
         return self.component.key
 
     def _module(self) -> object:
-        from verlbox.host.render import TEMPLATES
-
         return TEMPLATES.get_template(f"{self.name}.j2").module
 
     def has(self, part: Part) -> bool:
