@@ -477,16 +477,68 @@ def test_the_compiled_apex_wheel_is_exactly_the_one_the_lock_pins(tmp_path: Path
         folder = tmp_path / str(len(list(tmp_path.iterdir())))
         check_compiled(plan, folder, read_manifest(write_bundle(folder, plan, files)), against)
 
-    check({f"apex/{APEX_WHEEL}": b"compiled once", "apex/verlbox-source.json": b"{}"})  # the genuine one
+    record = {f"apex/{APEX_WHEEL}": b"compiled once", "apex/verlbox-source.json": _source_record(plan)}
+    check(record)  # the genuine one
     with pytest.raises(UsageError, match=rf"apex/{APEX_WHEEL}: sha256 [0-9a-f]{{64}} is not a apex wheel the lock"):
         check({f"apex/{APEX_WHEEL}": b"compiled again"})  # a manifest recomputed over a swapped wheel
     with pytest.raises(UsageError, match=r"apex/evil-1.0-py3-none-any.whl: sha256 .* is not a apex wheel"):
         check({f"apex/{APEX_WHEEL}": b"compiled once", "apex/evil-1.0-py3-none-any.whl": b"x"})
     with pytest.raises(UsageError, match=rf"/apex: no {APEX_WHEEL} \(the lock's\)"):
-        check({"apex/verlbox-source.json": b"{}"})
+        check({"apex/verlbox-source.json": _source_record(plan)})
     unpinned = lock.model_copy(update={"compiled": {}})
     with pytest.raises(UsageError, match=r"compiled: no apex wheel pinned .* run `verlbox lock` again"):
         check({f"apex/{APEX_WHEEL}": b"compiled once"}, unpinned)
+
+
+def _source_record(plan: BuildPlan, **changed: object) -> bytes:
+    """Apex's source record as the recipe's compile writes it (apex_build.py), CHANGED as a crafted one."""
+    assert plan.apex is not None
+    expected = plan.apex.build_plan(plan.recipe.target_gpus)
+    record = {key: expected[key] for key in ("commit", "archive_sha256", "arch_list")}
+    record |= {"nvcc": "12.4.131", "build_patches": [patch["id"] for patch in expected["build_patches"]]}
+    return json.dumps(record | changed).encode()
+
+
+def test_apex_s_records_in_a_bundle_are_the_recipe_s_and_the_lock_s_and_nothing_else_is_there(
+    tmp_path: Path,
+) -> None:
+    """What the offline build copies from apex/ into the image beside the wheel: the source record (the
+    commit smoke and verify report) held to the recipe, each build-stage record to the lock's step."""
+    plan = _offline_plan()
+    assert plan.lock is not None
+    pin = PipEntry(name="apex", version="0.1", file=APEX_WHEEL, sha256=hashlib.sha256(b"w").hexdigest())
+    lock = plan.lock.model_copy(update={"compiled": {"apex": [pin]}})
+    tools = lock.step("apex-build-tools")
+    assert tools is not None and tools.pip
+    genuine_tools = json.dumps([entry.model_dump(exclude_none=True) for entry in tools.pip]).encode()
+    genuine = {
+        f"apex/{APEX_WHEEL}": b"w",
+        "apex/verlbox-source.json": _source_record(plan),
+        "apex/build-record/apex-build-tools.pip.json": genuine_tools,
+    }
+
+    def check(files: dict[str, bytes]) -> None:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        check_compiled(plan, folder, read_manifest(write_bundle(folder, plan, files)), lock)
+
+    check(genuine)
+    swapped = json.loads(genuine_tools)
+    swapped[0]["sha256"] = "0" * 64
+    for files, refusal in (
+        ({"apex/verlbox-source.json": _source_record(plan, commit="0" * 40)}, "commit '0{40}', the recipe's is"),
+        ({"apex/verlbox-source.json": _source_record(plan, build_patches=["evil"])}, "build_patches"),
+        ({"apex/verlbox-source.json": _source_record(plan, nvcc="$(id)")}, "is not a CUDA version"),
+        ({"apex/verlbox-source.json": _source_record(plan, extra=1)}, "keys"),
+        ({"apex/build-record/apex-build-tools.pip.json": json.dumps(swapped).encode()}, "differs from the lock"),
+        ({"apex/build-record/nowhere.pip.json": b"[]"}, "not a record of a step the lock has"),
+        ({"apex/build-record/deeper/x.json": b"[]"}, "not a file a bundle's apex/ holds"),
+        ({"apex/run-me.sh": b"#!/bin/sh"}, "not a file a bundle's apex/ holds"),
+    ):
+        with pytest.raises(UsageError, match=refusal):
+            check(genuine | files)
+    without = {name: data for name, data in genuine.items() if not name.endswith("verlbox-source.json")}
+    with pytest.raises(UsageError, match=r"no verlbox-source\.json"):
+        check(without)
 
 
 def test_symlinks_in_a_bundle_or_as_the_bundle_are_refused(tmp_path: Path) -> None:
