@@ -30,7 +30,7 @@ from verlbox.host.bundle import (
     offline_repository,
     read_manifest,
 )
-from verlbox.host.lock import PipEntry
+from verlbox.host.lock import Lock, PipEntry
 from verlbox.host.plan import BuildPlan
 from verlbox.host.recipe import load_recipe
 from verlbox.host.reference import parse_tag
@@ -477,17 +477,30 @@ def test_the_compiled_apex_wheel_is_exactly_the_one_the_lock_pins(tmp_path: Path
         folder = tmp_path / str(len(list(tmp_path.iterdir())))
         check_compiled(plan, folder, read_manifest(write_bundle(folder, plan, files)), against)
 
-    record = {f"apex/{APEX_WHEEL}": b"compiled once", "apex/verlbox-source.json": _source_record(plan)}
-    check(record)  # the genuine one
+    records = {"apex/verlbox-source.json": _source_record(plan)} | _builder_records(lock)
+    check({f"apex/{APEX_WHEEL}": b"compiled once"} | records)  # the genuine one
     with pytest.raises(UsageError, match=rf"apex/{APEX_WHEEL}: sha256 [0-9a-f]{{64}} is not a apex wheel the lock"):
-        check({f"apex/{APEX_WHEEL}": b"compiled again"})  # a manifest recomputed over a swapped wheel
+        check({f"apex/{APEX_WHEEL}": b"compiled again"} | records)  # a manifest recomputed over a swapped wheel
     with pytest.raises(UsageError, match=r"apex/evil-1.0-py3-none-any.whl: sha256 .* is not a apex wheel"):
-        check({f"apex/{APEX_WHEEL}": b"compiled once", "apex/evil-1.0-py3-none-any.whl": b"x"})
+        check({f"apex/{APEX_WHEEL}": b"compiled once", "apex/evil-1.0-py3-none-any.whl": b"x"} | records)
     with pytest.raises(UsageError, match=rf"/apex: no {APEX_WHEEL} \(the lock's\)"):
-        check({"apex/verlbox-source.json": _source_record(plan)})
+        check(records)
     unpinned = lock.model_copy(update={"compiled": {}})
     with pytest.raises(UsageError, match=r"compiled: no apex wheel pinned .* run `verlbox lock` again"):
         check({f"apex/{APEX_WHEEL}": b"compiled once"}, unpinned)
+
+
+def _builder_records(lock: Lock) -> dict[str, bytes]:
+    """apex/build-record/STEP.KIND.json of the Apex stage's steps, as the lock has them."""
+    return {
+        f"apex/build-record/{step.name}.{kind}.json": json.dumps(
+            [entry.model_dump(exclude_none=True) for entry in getattr(step, kind)]
+        ).encode()
+        for step in lock.steps
+        if step.stage == "builder"
+        for kind in ("pip", "apt")
+        if getattr(step, kind)
+    }
 
 
 def _source_record(plan: BuildPlan, **changed: object) -> bytes:
@@ -495,7 +508,8 @@ def _source_record(plan: BuildPlan, **changed: object) -> bytes:
     assert plan.apex is not None
     expected = plan.apex.build_plan(plan.recipe.target_gpus)
     record = {key: expected[key] for key in ("commit", "archive_sha256", "arch_list")}
-    record |= {"nvcc": "12.4.131", "build_patches": [patch["id"] for patch in expected["build_patches"]]}
+    applied = [patch["id"] for patch in expected["build_patches"] if patch["min_cuda"] in ("0", "12.4")]
+    record |= {"nvcc": "12.4.131", "build_patches": applied}
     return json.dumps(record | changed).encode()
 
 
@@ -508,14 +522,8 @@ def test_apex_s_records_in_a_bundle_are_the_recipe_s_and_the_lock_s_and_nothing_
     assert plan.lock is not None
     pin = PipEntry(name="apex", version="0.1", file=APEX_WHEEL, sha256=hashlib.sha256(b"w").hexdigest())
     lock = plan.lock.model_copy(update={"compiled": {"apex": [pin]}})
-    tools = lock.step("apex-build-tools")
-    assert tools is not None and tools.pip
-    genuine_tools = json.dumps([entry.model_dump(exclude_none=True) for entry in tools.pip]).encode()
-    genuine = {
-        f"apex/{APEX_WHEEL}": b"w",
-        "apex/verlbox-source.json": _source_record(plan),
-        "apex/build-record/apex-build-tools.pip.json": genuine_tools,
-    }
+    genuine = {f"apex/{APEX_WHEEL}": b"w", "apex/verlbox-source.json": _source_record(plan)} | _builder_records(lock)
+    genuine_tools = genuine["apex/build-record/apex-build-tools.pip.json"]
 
     def check(files: dict[str, bytes]) -> None:
         folder = tmp_path / str(len(list(tmp_path.iterdir())))
@@ -527,6 +535,8 @@ def test_apex_s_records_in_a_bundle_are_the_recipe_s_and_the_lock_s_and_nothing_
     for files, refusal in (
         ({"apex/verlbox-source.json": _source_record(plan, commit="0" * 40)}, "commit '0{40}', the recipe's is"),
         ({"apex/verlbox-source.json": _source_record(plan, build_patches=["evil"])}, "build_patches"),
+        ({"apex/verlbox-source.json": _source_record(plan, build_patches=[])}, "build_patches \\[\\], the recipe's"),
+        ({"apex/verlbox-source.json": _source_record(plan, archive_sha256=["x"])}, "archive_sha256"),
         ({"apex/verlbox-source.json": _source_record(plan, nvcc="$(id)")}, "is not a CUDA version"),
         ({"apex/verlbox-source.json": _source_record(plan, extra=1)}, "keys"),
         ({"apex/build-record/apex-build-tools.pip.json": json.dumps(swapped).encode()}, "differs from the lock"),
@@ -539,6 +549,9 @@ def test_apex_s_records_in_a_bundle_are_the_recipe_s_and_the_lock_s_and_nothing_
     without = {name: data for name, data in genuine.items() if not name.endswith("verlbox-source.json")}
     with pytest.raises(UsageError, match=r"no verlbox-source\.json"):
         check(without)
+    no_record = {name: data for name, data in genuine.items() if "build-record" not in name}
+    with pytest.raises(UsageError, match=r"apex-compiler\.apt\.json: missing"):
+        check(no_record)
 
 
 def test_symlinks_in_a_bundle_or_as_the_bundle_are_refused(tmp_path: Path) -> None:

@@ -107,3 +107,14 @@ def test_the_report_draws_the_rate_against_the_card_s_peak(tmp_path) -> None:
     rates = {r.step: r.metrics[TFLOPS_PER_GPU] for r in read_metrics(tmp_path / progress.METRICS_FILE) if r.step > 0}
     assert report.tflops_per_gpu.values == [rates[step] for step in report.tflops_per_gpu.steps]
     assert render_png(report)[:4] == b"\x89PNG"
+
+
+def test_each_update_epoch_counts_and_unusable_counts_give_no_figure() -> None:
+    metrics = step_metrics(1_000, 50, 150, 10.0, *PPO_TIMINGS)
+    once = utilization.step_flops(QWEN, metrics)
+    twice = utilization.step_flops(QWEN, metrics, {"actor": 2, "critic": 2})
+    actor, critic = QWEN.forward_flops_per_token(200, True), QWEN.forward_flops_per_token(200, False)
+    assert twice - once == pytest.approx(1_000 * 3 * (actor + critic))
+    for broken in ({utilization.TOTAL_TOKENS: float("nan")}, {utilization.PROMPT_LENGTH: float("inf")}):
+        assert utilization.step_utilization(QWEN, metrics | broken, 1, "Tesla P40") == {}
+    assert utilization.step_utilization(QWEN, metrics | {"timing_s/step": float("nan")}, 1, "Tesla P40") == {}

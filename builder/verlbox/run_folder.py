@@ -1,12 +1,14 @@
 """Where a host command finds the run folder it reads: `--run DIR`, else the current folder when it is one.
 
-A run folder is what `verlbox init` writes: a .env, a compose.yaml, or both. Its .env says where the models,
-data and checkpoints live, relative to the folder, as compose resolves them; the defaults below are
-compose.yaml's own. Shared by the host's commands and `fetch`, which also runs in the image.
+A run folder is what `verlbox init` writes: a compose.yaml, init's record, or a .env of verlbox's keys. Its
+.env (the shell's variables winning, as in compose) says where the models, data and checkpoints live,
+relative to the folder, as compose resolves them; the defaults below are compose.yaml's own. Shared by the
+host's commands and `fetch`, which also runs in the image.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +16,7 @@ from pathlib import Path
 from verlbox.dotenv import dotenv_values
 from verlbox.errors import UsageError
 
-MARKS = (".env", "compose.yaml")
+INIT_RECORD = ".verlbox-init.json"  # what `verlbox init` wrote there
 # .env key -> compose.yaml's default for it
 FOLDER_DEFAULTS = {
     "VERLBOX_MODELS": "./models",
@@ -30,9 +32,13 @@ class RunFolder:
     path: Path
     settings: dict[str, str]  # its .env, as compose reads it
 
+    def setting(self, variable: str) -> str | None:
+        """VARIABLE as compose reads it here: the shell's value wins over the .env's; empty means unset."""
+        return os.environ.get(variable) or self.settings.get(variable) or None
+
     def folder(self, variable: str) -> Path:
-        """The folder VARIABLE names in the .env (compose's default where unset), as compose resolves it."""
-        return self.path / (self.settings.get(variable) or FOLDER_DEFAULTS[variable])
+        """The folder VARIABLE names (compose's default where unset), relative to the run folder as compose takes it."""
+        return self.path / (self.setting(variable) or FOLDER_DEFAULTS[variable])
 
     @property
     def checkpoints(self) -> Path:
@@ -41,7 +47,7 @@ class RunFolder:
     def fetch_target(self, what: str) -> Path:
         """Where `train` looks for the model (models/NAME) or GSM8K's download (data/gsm8k-raw)."""
         if what == "model":
-            return self.folder("VERLBOX_MODELS") / (self.settings.get("VERLBOX_MODEL_NAME") or MODEL_NAME_DEFAULT)
+            return self.folder("VERLBOX_MODELS") / (self.setting("VERLBOX_MODEL_NAME") or MODEL_NAME_DEFAULT)
         return self.folder("VERLBOX_DATA") / RAW_GSM8K
 
     @property
@@ -53,7 +59,10 @@ class RunFolder:
 
 
 def is_run_folder(path: Path) -> bool:
-    return any((path / mark).is_file() for mark in MARKS)
+    """compose.yaml or init's record there, or a .env that sets verlbox's keys (a .env alone is any project's)."""
+    if (path / "compose.yaml").is_file() or (path / INIT_RECORD).is_file():
+        return True
+    return any(key.startswith("VERLBOX_") for key in dotenv_values(path / ".env"))
 
 
 def find_run_folder(option: str | None, current: Path | None = None, named_by: str = "--run ") -> RunFolder | None:
@@ -70,5 +79,5 @@ def find_run_folder(option: str | None, current: Path | None = None, named_by: s
         path = current or Path.cwd()
         if not is_run_folder(path):
             return None
-    path = path.resolve()
+    path = Path(os.path.abspath(path))  # not resolve(): compose names the project after the folder as given
     return RunFolder(path, dotenv_values(path / ".env"))

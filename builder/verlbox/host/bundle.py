@@ -416,6 +416,16 @@ def check_apex_records(plan: BuildPlan, bundle: Path, manifest: Manifest, lock: 
             raise UsageError(f"{shown}/{name}: not a file a bundle's {folder}/ holds (its wheel and records only)")
     if f"{folder}/{SOURCE_RECORD}" not in manifest.files:
         raise UsageError(f"{shown}/{folder}: no {SOURCE_RECORD} (Apex's source record)")
+    # the offline build copies the Apex stage's step records into the image: each the lock has is there
+    needed = [
+        f"{folder}/{RECORD_FOLDER}/{step.name}.{kind}.json"
+        for step in lock.steps
+        if step.stage == "builder"
+        for kind in ("pip", "apt")
+        if getattr(step, kind)
+    ]
+    if missing := [name for name in needed if name not in manifest.files]:
+        raise UsageError(f"{shown}/{missing[0]}: missing (the lock's record of that Apex build step)")
 
 
 def _read_json(path: Path, shown: Path) -> object:
@@ -435,24 +445,34 @@ def _check_source_record(plan: BuildPlan, bundle: Path, manifest: Manifest, show
     carried = f"sources/{apex.archive_name}"
     if carried in manifest.files:  # the archive the bundle carries, where the recipe's tar stream accepts it
         archives.add(check_archive(bundle / carried, apex.archive_pin()).sha256)  # refused: one line
-    known_patches = {patch["id"] for patch in expected["build_patches"]}
     faults = []
     if not isinstance(record, dict) or set(record) != SOURCE_RECORD_KEYS:
         faults.append(f"keys {sorted(record) if isinstance(record, dict) else type(record).__name__}, not "
                       f"{sorted(SOURCE_RECORD_KEYS)}")  # fmt: skip
+    elif not isinstance(record["nvcc"], str) or not NVCC_VERSION.fullmatch(record["nvcc"]):
+        faults.append(f"nvcc {record['nvcc']!r} is not a CUDA version")
     else:
         for key in ("commit", "arch_list"):
             if record[key] != expected[key]:
                 faults.append(f"{key} {record[key]!r}, the recipe's is {expected[key]!r}")
-        if record["archive_sha256"] not in archives:
+        if not isinstance(record["archive_sha256"], str) or record["archive_sha256"] not in archives:
             faults.append(f"archive_sha256 {record['archive_sha256']!r} is not the recipe's Apex archive")
-        patches = record["build_patches"]
-        if not isinstance(patches, list) or not set(map(str, patches)) <= known_patches:
-            faults.append(f"build_patches {patches!r} are not the recipe's ({sorted(known_patches)})")
-        if not isinstance(record["nvcc"], str) or not NVCC_VERSION.fullmatch(record["nvcc"]):
-            faults.append(f"nvcc {record['nvcc']!r} is not a CUDA version")
+        # exactly the patches the compile applies for that nvcc (apex_build.apply_build_patches' rule)
+        applies = [
+            patch["id"]
+            for patch in expected["build_patches"]
+            if _version(record["nvcc"]) >= _version(patch.get("min_cuda", "0"))
+        ]
+        if record["build_patches"] != applies:
+            faults.append(
+                f"build_patches {record['build_patches']!r}, the recipe's for nvcc {record['nvcc']} are {applies}"
+            )
     if faults:
         raise UsageError(f"{shown / path}: {faults[0]}: not the record of the recipe's Apex compile")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
 
 
 def _check_step_record(path: Path, lock: Lock, shown: Path) -> None:

@@ -49,13 +49,13 @@ def recipes(args: argparse.Namespace) -> int:
     table = Table("recipe", "target GPU (CC)", "CUDA", "NVIDIA driver", "torch", "verl", "what it is for")
     for name in recipe_names():
         recipe = load_recipe(name)
-        full, compatible = CUDA_MIN_DRIVER.get(recipe.cuda.version, ("?", "?"))
+        floors = CUDA_MIN_DRIVER.get(recipe.cuda.version)
         table.add_row(
             name,
             ", ".join(recipe.target_gpus),
             f"{recipe.cuda.version} ({recipe.cuda.provided_by})",
             # doctor's and preflight's rule: the compatibility floor runs, the full-support floor is advised
-            f">= {compatible} (full support from {full})",
+            f">= {floors[1]} (full support from {floors[0]})" if floors else "unknown to verlbox",
             recipe.torch.version,
             recipe.verl.version,
             recipe.description,
@@ -443,6 +443,11 @@ def _checkpoints_folder(args: argparse.Namespace) -> Path:
     else:
         run = find_run_folder(args.folder or args.run, named_by="" if args.folder else "--run ")
         folder = run.checkpoints if run else Path("checkpoints")
+        if run is None and not folder.is_dir():
+            raise UsageError(
+                f"no run folder here ({Path.cwd()} has no .env or compose.yaml) and no ./checkpoints: give a "
+                "checkpoints FOLDER, or --run DIR"
+            )
     if not folder.is_dir():
         raise UsageError(f"{folder}: not a folder; give the checkpoints folder of a run folder")
     if run:
@@ -456,7 +461,7 @@ def _report_folder(args: argparse.Namespace) -> Path:
     from verlbox.runtime.progress import METRICS_FILE
 
     named = args.folder is not None and "/" not in args.folder  # an EXPERIMENT's name, or a folder here
-    if args.folder and not args.run and Path(args.folder).is_dir():
+    if args.folder and not (args.run and named) and Path(args.folder).is_dir():
         return Path(args.folder)
     run = find_run_folder(args.run) if named or args.folder is None else None
     if run is None:

@@ -10,6 +10,7 @@ so a jump is seen with its cause.
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,7 +149,8 @@ def render_png(report: RunReport) -> bytes:
         rate.plot(report.tflops_per_gpu.steps, report.tflops_per_gpu.values, ".--", color="tab:brown")
         peak = f", peak {report.peak_tflops:g}" if report.peak_tflops else ""
         rate.set_ylabel(f"fp32 TFLOP/s per GPU (dashed{peak})", color="tab:brown")
-        rate.set_ylim(0, report.peak_tflops or max(report.tflops_per_gpu.values) * 1.2)
+        finite = [value for value in report.tflops_per_gpu.values if math.isfinite(value)]
+        rate.set_ylim(0, max([report.peak_tflops or 0.0, *finite]) * 1.1 or 1.0)
     memory.plot(report.memory_gib.steps, report.memory_gib.values, marker=".", color="tab:orange", label="reserved")
     if report.memory_limit_gib:
         memory.axhline(report.memory_limit_gib, color="tab:red", linestyle=":", label="limit")

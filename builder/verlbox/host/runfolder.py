@@ -34,13 +34,14 @@ from verlbox.files import write_atomically
 from verlbox.host.engine import EngineError, client
 from verlbox.host.reference import parse_reference
 from verlbox.host.staging import REPOSITORY as STAGING_REPOSITORY
+from verlbox.run_folder import INIT_RECORD
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 RECIPE_LABEL = "io.verlbox.recipe"
 CUDA_LABEL = "io.verlbox.pin.cuda"
 FOLDERS = ("models", "data", "checkpoints", "hf-cache")
-RECORD = ".verlbox-init.json"
+RECORD = INIT_RECORD
 NVIDIA_SMI_TIMEOUT_S = 30
 # the .env may come to hold HF_TOKEN
 ENV_MODE = 0o600
@@ -141,13 +142,14 @@ def driver_note(image: str) -> str | None:
     """What doctor would say of this host's driver and IMAGE's CUDA (its io.verlbox.pin.cuda label), when
     the driver is too old for it or runs it only through CUDA's minor-version compatibility; else nothing."""
     from verlbox.host.doctor import GpuQueryError, driver_support, query_gpus
+    from verlbox.runtime.gpu import CUDA_MIN_DRIVER
 
     try:
         cuda = (client().images.get(image).labels or {}).get(CUDA_LABEL)
         drivers = sorted({gpu.driver for gpu in query_gpus()})
     except (docker.errors.DockerException, EngineError, GpuQueryError):
         return None  # no image to read, or no driver to ask: nothing to compare (gpu_count said why)
-    if not cuda or len(drivers) != 1:
+    if cuda not in CUDA_MIN_DRIVER or len(drivers) != 1:  # no floor known, or GPUs that disagree: doctor says
         return None
     runs, said = driver_support(drivers[0], cuda)
     if runs and not said:

@@ -102,12 +102,13 @@ class Progress:
     shape: utilization.ModelShape | None = None
     gpus: int = 1
     gpu_name: str | None = None
+    epochs: dict[str, int] = field(default_factory=dict)  # the updates' ppo_epochs by model
 
     def with_utilization(self, metrics: dict[str, float]) -> dict[str, float]:
         """METRICS and the step's achieved fp32 TFLOP/s per GPU and share of the card's peak, where known."""
         if self.shape is None:
             return metrics
-        return metrics | utilization.step_utilization(self.shape, metrics, self.gpus, self.gpu_name)
+        return metrics | utilization.step_utilization(self.shape, metrics, self.gpus, self.gpu_name, self.epochs)
 
     def line(self, step: int, metrics: dict[str, float]) -> Text:
         seconds = metrics.get(STEP_SECONDS)

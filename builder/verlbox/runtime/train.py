@@ -388,6 +388,10 @@ def run_watch(
         shape=utilization.read_shape(Path(model)) if (model := override_value(overrides, MODEL_KEY)) else None,
         gpus=override_int(overrides, "trainer.n_gpus_per_node", 1) * override_int(overrides, "trainer.nnodes", 1),
         gpu_name=facts.devices[0].name if facts and facts.devices else None,
+        epochs={
+            "actor": override_int(overrides, "actor_rollout_ref.actor.ppo_epochs", 1),
+            "critic": override_int(overrides, "critic.ppo_epochs", 1),
+        },
     )
     return progress.RunWatch(None if plain_mode else folder, steps, show)
 

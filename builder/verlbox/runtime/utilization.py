@@ -10,7 +10,7 @@ This counts the model's useful work in a step instead, from the model's config a
   head); embedding look-ups cost nothing;
 - a step is one forward of the actor over every real token for generation (prompt and response),
   one more for the old log-probs, one for the reference (when verl ran it), one critic forward for the
-  values, and forward + backward (3 forwards) for each update, actor and critic;
+  values, and forward + backward (3 forwards) per update epoch (`ppo_epochs`), actor and critic;
 - padding, recomputation (gradient checkpointing) and offload copies are not useful work: a profile
   that computes less of them reads higher here.
 Real tokens are verl's own counts: perf/total_num_tokens (the attention mask's sum over the batch) and
@@ -21,6 +21,7 @@ The peak is the card's published fp32 rate (no tensor cores), per GPU, at boost 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,8 @@ TOTAL_TOKENS = "perf/total_num_tokens"
 PROMPT_LENGTH = "prompt_length/mean"
 RESPONSE_LENGTH = "response_length/mean"
 NOT_TRAINING = ("timing_s/testing", "timing_s/save_checkpoint")
-# verl's timing key -> (forward passes, the actor's shape: with logits; else the critic's)
+# verl's timing key -> (forward passes, the actor's shape: with logits; else the critic's); the updates'
+# 3 (forward + backward) are per epoch
 PASSES = {
     "timing_s/gen": (1, True),
     "timing_s/old_log_prob": (1, True),
@@ -37,6 +39,7 @@ PASSES = {
     "timing_s/update_critic": (3, False),
     "timing_s/update_actor": (3, True),
 }
+UPDATES = {"timing_s/update_actor": "actor", "timing_s/update_critic": "critic"}
 # Published fp32 (non-tensor-core) peaks at boost clock, TFLOP/s, by the name nvidia-smi prints
 PEAK_FP32_TFLOPS = {
     "Tesla P40": 11.8,
@@ -105,14 +108,16 @@ def read_shape(model_folder: Path) -> ModelShape | None:
         return None
 
 
-def step_flops(shape: ModelShape, metrics: dict[str, float]) -> float | None:
-    """The useful FLOPs of one logged step (all GPUs together); None when verl logged no token counts."""
+def step_flops(shape: ModelShape, metrics: dict[str, float], epochs: dict[str, int] | None = None) -> float | None:
+    """The useful FLOPs of one logged step (all GPUs together); None when verl logged no usable token counts.
+    EPOCHS: the updates' ppo_epochs by model ("actor", "critic"), 1 where not given."""
     tokens = metrics.get(TOTAL_TOKENS)
-    if not tokens or PROMPT_LENGTH not in metrics or RESPONSE_LENGTH not in metrics:
+    lengths = (metrics.get(PROMPT_LENGTH), metrics.get(RESPONSE_LENGTH))
+    if not tokens or not math.isfinite(tokens) or None in lengths or not all(map(math.isfinite, lengths)):
         return None
-    sequence = metrics[PROMPT_LENGTH] + metrics[RESPONSE_LENGTH]
+    sequence = lengths[0] + lengths[1]
     return sum(
-        passes * tokens * shape.forward_flops_per_token(sequence, logits)
+        passes * (epochs or {}).get(UPDATES.get(key, ""), 1) * tokens * shape.forward_flops_per_token(sequence, logits)
         for key, (passes, logits) in PASSES.items()
         if key in metrics
     )
@@ -124,7 +129,7 @@ def training_seconds(metrics: dict[str, float]) -> float | None:
     if not seconds:
         return None
     seconds -= sum(metrics.get(key, 0.0) for key in NOT_TRAINING)
-    return seconds if seconds > 0 else None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
 
 
 # what train adds to each step's metrics (metrics.jsonl), beside verl's own
@@ -132,9 +137,15 @@ TFLOPS_PER_GPU = "verlbox/fp32_tflops_per_gpu"
 PEAK_SHARE = "verlbox/fp32_peak_share"
 
 
-def step_utilization(shape: ModelShape, metrics: dict[str, float], gpus: int, gpu_name: str | None) -> dict[str, float]:
+def step_utilization(
+    shape: ModelShape,
+    metrics: dict[str, float],
+    gpus: int,
+    gpu_name: str | None,
+    epochs: dict[str, int] | None = None,
+) -> dict[str, float]:
     """TFLOPS_PER_GPU and, for a card in the table, PEAK_SHARE; nothing where the step cannot say."""
-    flops, seconds = step_flops(shape, metrics), training_seconds(metrics)
+    flops, seconds = step_flops(shape, metrics, epochs), training_seconds(metrics)
     if flops is None or seconds is None or gpus < 1:
         return {}
     achieved = flops / seconds / gpus / 1e12
