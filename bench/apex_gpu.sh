@@ -23,8 +23,8 @@ cp "$work/wheels/verlbox-source.json" "$out/"
 PYTHONPATH="$work/site:$PWD/builder" python3 - <<'PY' | tee "$out/apex-kernels.txt"
 import json, os, platform
 import torch
-from verlbox.runtime.apex_build import fatbin_architectures
-from verlbox.runtime.apex_kernels import compare_kernels
+from verlbox.runtime.steps.apex_build import fatbin_architectures
+from verlbox.runtime.steps.apex_kernels import compare_kernels
 import importlib.util
 site = os.environ["PYTHONPATH"].split(":")[0]
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}, Python {platform.python_version()}")

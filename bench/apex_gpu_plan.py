@@ -9,8 +9,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from verlbox.host.recipe import load_recipe
-from verlbox.host.sources import BuildSources
+from verlbox.host.building.sources import BuildSources
+from verlbox.host.recipes.recipe import load_recipe
 
 
 def main(arch: str, sources: str) -> None:

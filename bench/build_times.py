@@ -19,13 +19,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from verlbox.host.bootstrap import bootstrapped_reference, choose_mirror, ensure_bootstrapped_base
-from verlbox.host.build import BuildResult, build_image, run_buildx
-from verlbox.host.engine import client
-from verlbox.host.plan import BuildPlan
-from verlbox.host.recipe import load_recipe
-from verlbox.host.render import render_dockerfile
-from verlbox.host.sources import BuildSources
+from verlbox.host.building.bootstrap import bootstrapped_reference, choose_mirror, ensure_bootstrapped_base
+from verlbox.host.building.build import BuildResult, build_image, run_buildx
+from verlbox.host.building.plan import BuildPlan
+from verlbox.host.building.render import render_dockerfile
+from verlbox.host.building.sources import BuildSources
+from verlbox.host.clients.engine import client
+from verlbox.host.recipes.recipe import load_recipe
 
 PACKAGE = Path(__file__).resolve().parents[1] / "builder" / "verlbox"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -114,8 +114,8 @@ def main() -> None:
         cold = None
     report("rebuild, nothing changed", build(plan, tag, quiet))
     for label, path in (
-        ("rebuild after editing the verl patch set", PACKAGE / "runtime" / "patches" / "verl-0.4.1.yaml"),
-        ("rebuild after editing the entrypoint", PACKAGE / "runtime" / "train.py"),
+        ("rebuild after editing the verl patch set", PACKAGE / "runtime" / "training" / "patches" / "verl-0.4.1.yaml"),
+        ("rebuild after editing the entrypoint", PACKAGE / "runtime" / "training" / "train.py"),
     ):
         result = edited_rebuild(path, plan, tag, quiet)
         share = f" ({100 * result.seconds / cold.seconds:.1f}% of the cold build)" if cold else ""

@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from verlbox.host.recipe import load_recipe
-from verlbox.runtime.smoke import RUN_EXPERIMENT, SmokeContext, learning_run
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.runtime.checks.smoke import RUN_EXPERIMENT, SmokeContext, learning_run
 
 LR_ZERO = ("actor_rollout_ref.actor.optim.lr=0",)
 # the first statement of verl 0.4.1's compute_policy_loss, which both profiles use

@@ -30,10 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-from verlbox.runtime.data import prepare_gsm8k
-from verlbox.runtime.fixtures import make_gsm8k_jsonl, make_model
-from verlbox.runtime.overrides import override_value
-from verlbox.runtime.profile import load_profile
+from verlbox.runtime.checks.fixtures import make_gsm8k_jsonl, make_model
+from verlbox.runtime.training.data import prepare_gsm8k
+from verlbox.runtime.training.overrides import override_value
+from verlbox.runtime.training.profile import load_profile
 
 # The seeds' settings with their real meaning in verl 0.4.1: batch 1 everywhere, the same offload,
 # precision and lengths as the profile, so the two differ only in how work is batched.

@@ -34,10 +34,10 @@ from pathlib import Path
 
 from ppo_gpu import _metrics, prepare
 
-from verlbox.host.recipe import load_recipe
-from verlbox.runtime.memory_cap import SITECUSTOMIZE_DIR
-from verlbox.runtime.profile import Topology, TrainingPlan
-from verlbox.runtime.train import RAY_JOB_CONFIG, train_environment
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.runtime.training.memory_cap import SITECUSTOMIZE_DIR
+from verlbox.runtime.training.profile import Topology, TrainingPlan
+from verlbox.runtime.training.train import RAY_JOB_CONFIG, train_environment
 
 SKIP_STEPS = 2  # warm-up steps left out of the medians (--skip-steps)
 OLD_SINGLE_GPU = [

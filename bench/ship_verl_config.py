@@ -17,7 +17,7 @@ import json
 import zipfile
 from pathlib import Path
 
-from verlbox.runtime.overrides import CONFIG_FILES, SHIPPED_CONFIGS, SOURCE_RECORD, WHEEL_CONFIG_DIR
+from verlbox.runtime.training.overrides import CONFIG_FILES, SHIPPED_CONFIGS, SOURCE_RECORD, WHEEL_CONFIG_DIR
 
 
 def locked_verl(lock: Path) -> dict[str, str]:

@@ -125,7 +125,7 @@ COPY image-spec.json /opt/verlbox/image-spec.json
 RUN --mount=type=bind,source=verlbox-src,target=/tmp/verlbox-src,rw \
     pip install --no-cache-dir --no-deps --no-build-isolation /tmp/verlbox-src \
     && verlbox patch-verl "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-    && python -m verlbox.runtime.placed write \
+    && python -m verlbox.runtime.steps.placed write \
     && mkdir -p /workspace && chmod 1777 /workspace
 ENV VERLBOX_IMAGE_SPEC=/opt/verlbox/image-spec.json \
     HF_HUB_OFFLINE=1 \

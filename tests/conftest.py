@@ -189,7 +189,7 @@ def image(build_output: subprocess.CompletedProcess[str]) -> str:
 
 def pass_the_gpu_preflight(monkeypatch: pytest.MonkeyPatch, train_module: Any) -> None:
     """`train` on a machine without a GPU, past its preflight as on one P40 (the GPU probe and checks faked)."""
-    from verlbox.runtime import preflight
+    from verlbox.runtime.training import preflight
 
     p40 = preflight.GpuFacts([preflight.GpuDevice("Tesla P40", "6.1", 22.4, 22.2)], ["sm_61"], "12.4", "550.54.14")
     monkeypatch.setattr(train_module, "local_gpu_facts", lambda cap: p40)

@@ -15,12 +15,12 @@ import yaml
 
 from conftest import REPO, git_shaped_archive, run_verlbox
 from standins import closed_port_url
-from verlbox.host.plan import BuildPlan
-from verlbox.host.recipe import load_recipe
-from verlbox.host.render import render_dockerfile
-from verlbox.host.sources import default_archive_dir
-from verlbox.runtime.apex_build import ApexBuildError, apply_build_patches, archive_commit, build
-from verlbox.runtime.apex_facts import apex_facts
+from verlbox.host.building.plan import BuildPlan
+from verlbox.host.building.render import render_dockerfile
+from verlbox.host.building.sources import default_archive_dir
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.runtime.steps.apex_build import ApexBuildError, apply_build_patches, archive_commit, build
+from verlbox.runtime.steps.apex_facts import apex_facts
 
 COMMIT = "e13873debc4699d39c6861074b9a3b2a02327f92"
 CLOSED_URL = closed_port_url()
@@ -137,8 +137,8 @@ def test_a_missing_or_altered_archive_stops_the_build_before_it_starts(tmp_path:
 
 
 def test_the_context_carries_the_archive_plan_and_build_script_only(tmp_path: Path) -> None:
-    from verlbox.host.context import write_context
-    from verlbox.host.sources import BuildSources
+    from verlbox.host.building.context import write_context
+    from verlbox.host.building.sources import BuildSources
 
     recipe = load_recipe("p40-cu124")
     sources_dir = tmp_path / "sources"

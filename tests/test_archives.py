@@ -15,9 +15,10 @@ import pytest
 from conftest import run_verlbox
 from standins import closed_port_url, serve_files
 from verlbox.errors import UsageError
-from verlbox.host.archives import ArchivePin, check_archive
-from verlbox.host.recipe import load_recipe
-from verlbox.host.sources import TORCH_INDEXES, BuildSources
+from verlbox.host.building.archives import check_archive
+from verlbox.host.building.sources import TORCH_INDEXES, BuildSources
+from verlbox.host.recipes.archive import ArchivePin
+from verlbox.host.recipes.recipe import load_recipe
 
 PIN = load_recipe("p40-cu124").apex.archive_pin()
 NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent.sock"}
@@ -150,8 +151,8 @@ def test_the_default_torch_index_reaches_pip_as_a_build_secret(tmp_path: Path, m
     import subprocess
     import sys
 
-    from verlbox.host.plan import BuildPlan
-    from verlbox.host.render import render_dockerfile
+    from verlbox.host.building.plan import BuildPlan
+    from verlbox.host.building.render import render_dockerfile
 
     wheel = tmp_path / "wheels" / "verlbox_probe-1.0-py3-none-any.whl"
     wheel.parent.mkdir()

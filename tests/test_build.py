@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verlbox.host.build import failure_excerpt
+from verlbox.host.building.build import failure_excerpt
 
 ECHO = 'process "/bin/bash -c bash /tmp/verlbox/steps/steps.sh pip verl ..." did not complete successfully'
 

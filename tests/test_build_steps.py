@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from verlbox import paths
-from verlbox.runtime import build_steps
-from verlbox.runtime.build_steps import Secrets, StepError
+from verlbox.runtime.steps import build_steps
+from verlbox.runtime.steps.build_steps import Secrets, StepError
 
 MIRROR = "https://ci:s3cr%40t@mirror.invalid:8443/deb&ian|c\\d"
 
@@ -221,7 +221,7 @@ def test_a_release_file_gives_each_index_s_sha256() -> None:
 
 def test_a_failing_step_is_one_line_and_exit_1(tmp_path: Path) -> None:
     """Run as the build runs it: the file alone, beside build_record.py, before verlbox is installed."""
-    script = paths.PACKAGE_DIR / "runtime" / "build_steps.py"
+    script = paths.PACKAGE_DIR / "runtime" / "steps" / "build_steps.py"
     result = subprocess.run(
         [sys.executable, "-S", str(script), "--offline", "pip", "nothing-locked", "six"],
         capture_output=True,
@@ -244,7 +244,7 @@ def test_a_venv_whose_pip_has_no_report_records_the_python_step_as_a_newer_pip_d
     subprocess.run([python, "-m", "pip", "install", "-q", "pip==22.0.2"], check=True)
     version = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, text=True, check=True).stdout
     assert version.startswith("pip 22.0.2 ")
-    script = paths.PACKAGE_DIR / "runtime" / "build_steps.py"
+    script = paths.PACKAGE_DIR / "runtime" / "steps" / "build_steps.py"
     records = tmp_path / "records"
     driver = (
         "import os, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); import build_steps; "

@@ -15,11 +15,11 @@ import pytest
 
 from conftest import run_verlbox
 from verlbox.errors import UsageError
-from verlbox.host.bundle import MANIFEST, BundleBase, Manifest, check_bundle
-from verlbox.host.clamp import BLOCK, clamped_layer
-from verlbox.host.plan import BuildPlan
-from verlbox.host.recipe import load_recipe
-from verlbox.host.render import render_dockerfile
+from verlbox.host.building.clamp import BLOCK, clamped_layer
+from verlbox.host.building.plan import BuildPlan
+from verlbox.host.building.render import render_dockerfile
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.host.trust.bundle import MANIFEST, BundleBase, Manifest, check_bundle
 
 BASE = "verlbox-base/debian:bookworm-minbase"
 

@@ -24,10 +24,10 @@ from rich.console import Console
 
 from conftest import pass_the_gpu_preflight
 from verlbox.errors import PreflightFailed
-from verlbox.host.recipe import load_recipe
-from verlbox.runtime import checkpoints
-from verlbox.runtime import train as train_module
-from verlbox.runtime.checkpoints import (
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.runtime.training import checkpoints
+from verlbox.runtime.training import train as train_module
+from verlbox.runtime.training.checkpoints import (
     ModelSize,
     Settings,
     estimate_step_bytes,
@@ -36,10 +36,10 @@ from verlbox.runtime.checkpoints import (
     scan,
     stale_folders,
 )
-from verlbox.runtime.patches import patch_set_for
-from verlbox.runtime.profile import Topology, TrainingPlan
-from verlbox.runtime.run_record import read_runs
-from verlbox.runtime.train import merge_overrides
+from verlbox.runtime.training.patches import patch_set_for
+from verlbox.runtime.training.profile import Topology, TrainingPlan
+from verlbox.runtime.training.run_record import read_runs
+from verlbox.runtime.training.train import merge_overrides
 
 GIB = 2**30
 QWEN_VOCAB, QWEN_HIDDEN, QWEN_LAYERS, QWEN_INTERMEDIATE, QWEN_KV = 151936, 896, 24, 4864, 128

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import docker, run_verlbox
 from verlbox import __version__
-from verlbox.host.recipe import load_recipe
+from verlbox.host.recipes.recipe import load_recipe
 
 
 def engine_leftovers() -> tuple[set[str], set[str]]:
@@ -40,7 +40,7 @@ def test_recipes_piped_keep_every_name_and_purpose_whole() -> None:
 def test_recipes_name_the_driver_floor_doctor_applies() -> None:
     """The driver column is doctor's rule, not the description's prose: its lowest driver is accepted by
     doctor (through CUDA's compatibility), the one below it is refused, the full-support one has no note."""
-    from verlbox.host.doctor import driver_support
+    from verlbox.host.runs.doctor import driver_support
 
     result = run_verlbox("recipes")
     for name in ("p40", "p40-cu124"):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from verlbox.runtime import supervisor
+from verlbox.runtime.training import supervisor
 
 
 def compose_config(project: Path, env: dict[str, str], *profiles: str) -> subprocess.CompletedProcess[str]:

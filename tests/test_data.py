@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import run_verlbox
-from verlbox.runtime.data import DataError, prepare_gsm8k
+from verlbox.runtime.training.data import DataError, prepare_gsm8k
 
 ROWS = {
     "train": [

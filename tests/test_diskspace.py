@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import run_verlbox
-from verlbox.host.diskspace import GIB, DiskSpaceError, local_data_folder, require_free_space
-from verlbox.host.plan import BuildPlan
-from verlbox.host.recipe import load_recipe
+from verlbox.host.building.diskspace import GIB, DiskSpaceError, local_data_folder, require_free_space
+from verlbox.host.building.plan import BuildPlan
+from verlbox.host.recipes.recipe import load_recipe
 
 
 class Engine:

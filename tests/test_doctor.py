@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_verlbox
-from verlbox.host.doctor import (
+from verlbox.host.recipes.recipe import load_recipe, recipe_names
+from verlbox.host.runs.doctor import (
     FAILED,
     NVIDIA_HOOK,
     PASSED,
@@ -30,7 +31,6 @@ from verlbox.host.doctor import (
     parse_nvidia_smi,
     recipe_finding,
 )
-from verlbox.host.recipe import load_recipe, recipe_names
 
 P40_535 = "0, Tesla P40, 6.1, 24576, 535.183.01"
 P40_550 = "0, Tesla P40, 6.1, 24576, 550.54.14"
@@ -120,7 +120,8 @@ def test_a_gpu_without_a_recipe_is_only_a_warning_beside_one_with_a_recipe(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(
-        "verlbox.host.doctor.query_gpus", lambda: [gpu("6.1", "550.54.14"), Gpu("1", "NVIDIA H200", "9.0", 1, "580")]
+        "verlbox.host.runs.doctor.query_gpus",
+        lambda: [gpu("6.1", "550.54.14"), Gpu("1", "NVIDIA H200", "9.0", 1, "580")],
     )
     statuses = {finding.check: finding.status for finding in gpu_findings(recipes())}
     assert statuses == {"GPU 0": PASSED, "recipe for GPU 0": PASSED, "GPU 1": PASSED, "recipe for GPU 1": WARNING}

@@ -9,11 +9,11 @@ import pytest
 
 from conftest import run_verlbox
 from verlbox.errors import UsageError
-from verlbox.host.recipe import load_recipe
-from verlbox.runtime.overrides import OverrideError, check_overrides, override_value
-from verlbox.runtime.patches import patch_set_for
-from verlbox.runtime.profile import PROFILE_VARIABLE, Topology, TrainingPlan, profile_names
-from verlbox.runtime.train import merge_overrides, verified_overrides
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.runtime.training.overrides import OverrideError, check_overrides, override_value
+from verlbox.runtime.training.patches import patch_set_for
+from verlbox.runtime.training.profile import PROFILE_VARIABLE, Topology, TrainingPlan, profile_names
+from verlbox.runtime.training.train import merge_overrides, verified_overrides
 
 SPEC = load_recipe("p40-cu124").image_spec()
 

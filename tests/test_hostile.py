@@ -19,7 +19,12 @@ import yaml
 from conftest import REPO, run_verlbox
 from test_bundle import write_bundle
 from verlbox.errors import BAD_INPUT, UsageError
-from verlbox.host.bundle import (
+from verlbox.host.building.plan import BuildPlan
+from verlbox.host.building.render import render_dockerfile
+from verlbox.host.clients.reference import parse_tag
+from verlbox.host.recipes.lock import Lock, PipEntry
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.host.trust.bundle import (
     MANIFEST,
     check_base_archive,
     check_compiled,
@@ -30,12 +35,7 @@ from verlbox.host.bundle import (
     offline_repository,
     read_manifest,
 )
-from verlbox.host.lock import Lock, PipEntry
-from verlbox.host.plan import BuildPlan
-from verlbox.host.recipe import load_recipe
-from verlbox.host.reference import parse_tag
-from verlbox.host.render import render_dockerfile
-from verlbox.runtime.overrides import OverrideError, override_int
+from verlbox.runtime.training.overrides import OverrideError, override_int
 
 SHIPPED = REPO / "recipes"
 
@@ -104,8 +104,8 @@ def test_valid_but_odd_values_reach_the_dockerfile_quoted(tmp_path: Path) -> Non
 
 
 def test_credentials_in_a_build_time_index_url_never_reach_the_context(tmp_path: Path, sources_dir: Path) -> None:
-    from verlbox.host.context import write_context
-    from verlbox.host.sources import BuildSources
+    from verlbox.host.building.context import write_context
+    from verlbox.host.building.sources import BuildSources
 
     plan = BuildPlan(load_recipe("p40"))
     context = tmp_path / "context"
@@ -642,7 +642,7 @@ def test_bundle_out_on_a_symlink_is_one_line_and_the_link_stays(tmp_path: Path) 
 def test_a_malformed_cluster_wait_is_named_before_waiting(value: str) -> None:
     from rich.console import Console
 
-    from verlbox.runtime import train
+    from verlbox.runtime.training import train
 
     environ = {"RAY_ADDRESS": "127.0.0.1:9", "VERLBOX_CLUSTER_WAIT_S": value}
     with pytest.raises(UsageError, match=rf"^VERLBOX_CLUSTER_WAIT_S={value}: expected a number of seconds >= 0$"):
@@ -657,8 +657,8 @@ def test_a_mirror_token_reaches_neither_the_command_line_nor_the_base_nor_the_ou
     base's sources.list, so no layer of any image carries the token. The boundary faked: the commands."""
     from rich.console import Console
 
-    from verlbox.host import bootstrap
-    from verlbox.host.recipe import Bootstrap
+    from verlbox.host.building import bootstrap
+    from verlbox.host.recipes.recipe import Bootstrap
 
     token = "s3cr3t-T0KEN"
     seen: list[tuple[list[str], str]] = []

@@ -31,11 +31,11 @@ from conftest import run_verlbox
 from standins import closed_port_url
 from test_data import hide_modules
 from verlbox.errors import UsageError
-from verlbox.host.recipe import load_recipe
-from verlbox.runtime import hub, preflight, train
-from verlbox.runtime.hub import RECORD, FetchError, Hub, Source
-from verlbox.runtime.preflight import GpuDevice, GpuFacts
-from verlbox.runtime.profile import Topology, TrainingPlan
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.runtime.training import hub, preflight, train
+from verlbox.runtime.training.hub import RECORD, FetchError, Hub, Source
+from verlbox.runtime.training.preflight import GpuDevice, GpuFacts
+from verlbox.runtime.training.profile import Topology, TrainingPlan
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 WEIGHTS = "model.safetensors"

@@ -17,9 +17,9 @@ import yaml
 from packaging.utils import canonicalize_name
 
 from conftest import HOST_CA_BUNDLE, IMAGE, REPO, ca_arguments, docker, git_shaped_archive, run_verlbox, staging_tags
-from verlbox.host.recipe import load_recipe
-from verlbox.runtime.apex_build import fatbin_architectures, file_sha256
-from verlbox.runtime.patches import patch_set_for
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.runtime.steps.apex_build import fatbin_architectures, file_sha256
+from verlbox.runtime.training.patches import patch_set_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -226,9 +226,9 @@ def apex_stage(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     """The Apex build stage (it has the toolkit) as an image, from the build's layer cache, and its context."""
     stage = "verlbox-test/apex-build:ci"
     context = tmp_path_factory.mktemp("apex-stage")
-    from verlbox.host.context import write_context
-    from verlbox.host.plan import BuildPlan
-    from verlbox.host.sources import BuildSources
+    from verlbox.host.building.context import write_context
+    from verlbox.host.building.plan import BuildPlan
+    from verlbox.host.building.sources import BuildSources
 
     write_context(BuildPlan(load_recipe("p40-cu124"), "verlbox-base/debian:bookworm-minbase"), context, BuildSources())
     docker("buildx", "build", "--load", "--progress", "plain", "--target", "apex-build", "--tag", stage,
@@ -343,7 +343,7 @@ def test_cpu_smoke_tier_passes_and_gpu_tier_is_skipped_with_a_reason(image: str,
 
 def test_smoke_fails_when_a_patch_is_reverted_in_the_image(image: str, tmp_path: Path) -> None:
     revert = (
-        "from pathlib import Path; import sysconfig; from verlbox.runtime.patches import patch_set_for; "
+        "from pathlib import Path; import sysconfig; from verlbox.runtime.training.patches import patch_set_for; "
         "p = next(x for x in patch_set_for('0.4.1').patches if x.id == 'critic-autocast-follows-param-dtype'); "
         "f = Path(sysconfig.get_paths()['purelib']) / p.file; f.write_text(f.read_text().replace(p.replace, p.find))"
     )
@@ -530,7 +530,7 @@ def test_apt_in_the_image_reads_the_build_s_mirror_and_the_base_s_files_stay_as_
     """build_steps.py gives apt the build's mirror (a BuildKit secret) in copies of the base's sources, its
     login in an auth.conf of the step's own: apt, in the image, asks the mirror (its & and | kept as they
     are, no login in a URL), and the base's sources and the step's temporary files are as before."""
-    runtime = REPO / "builder" / "verlbox" / "runtime"
+    runtime = REPO / "builder" / "verlbox" / "runtime" / "steps"
     script = """
 import subprocess, pathlib
 import build_steps as steps

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, docker, run_verlbox
-from verlbox.host.build import default_tag
-from verlbox.host.plan import BuildPlan
-from verlbox.host.recipe import load_recipe
-from verlbox.host.runfolder import ENV_HEADER, FOLDERS, newest_first
+from verlbox.host.building.build import default_tag
+from verlbox.host.building.plan import BuildPlan
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.host.runs.runfolder import ENV_HEADER, FOLDERS, newest_first
 
 IMAGE = "verlbox-test/init:given"
 # No engine answers here, so the newest-image lookup cannot depend on what this engine holds.

@@ -38,8 +38,8 @@ def test_the_image_side_never_imports_the_host_side(module: str) -> None:
 
 def test_image_commands_load_neither_jinja_nor_docker_nor_the_host_side() -> None:
     probe = (
-        "import sys; from verlbox import cli; import verlbox.runtime.commands, verlbox.runtime.train, "
-        "verlbox.runtime.smoke, verlbox.runtime.preflight, verlbox.runtime.data; "
+        "import sys; from verlbox import cli; import verlbox.runtime.commands, verlbox.runtime.training.train, "
+        "verlbox.runtime.checks.smoke, verlbox.runtime.training.preflight, verlbox.runtime.training.data; "
         "print(sorted(m for m in sys.modules "
         "if m.split('.')[0] in ('jinja2', 'docker') or m.startswith('verlbox.host')))"
     )
@@ -73,7 +73,7 @@ def _module_of(path: Path) -> str:
 
 def _imported_modules(path: Path, known: set[str]) -> set[str]:
     """Every verlbox module PATH imports anywhere (top level, in a function, under TYPE_CHECKING): `from
-    verlbox.runtime import progress` counts as verlbox.runtime.progress where that is a module."""
+    verlbox.runtime import progress` counts as verlbox.runtime.training.progress where that is a module."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -93,3 +93,39 @@ def test_no_module_imports_itself_through_others() -> None:
         list(graphlib.TopologicalSorter(graph).static_order())
     except graphlib.CycleError as error:
         pytest.fail(f"an import circle: {' -> '.join(error.args[1])}")
+
+
+# Folders by job (ARCHITECTURE.md): each may import only the folders listed, on its own side; a module at a
+# side's top (host/commands.py, runtime/commands.py: the commands' glue; runtime/gpu.py, a shared table) is
+# outside the rule, and the host side may import the image side's modules (never the reverse)
+FOLDER_RULES = {
+    "host.clients": set(),
+    "host.recipes": {"host.clients"},
+    "host.building": {"host.recipes", "host.clients"},
+    "host.trust": {"host.building", "host.recipes", "host.clients"},
+    "host.runs": {"host.trust", "host.building", "host.recipes", "host.clients"},
+    "runtime.steps": set(),
+    "runtime.training": {"runtime.steps"},
+    "runtime.checks": {"runtime.training", "runtime.steps"},
+}
+
+
+def _folder(module: str) -> str | None:
+    return next((folder for folder in FOLDER_RULES if module.startswith(f"verlbox.{folder}.")), None)
+
+
+def test_folders_import_only_the_folders_below_them() -> None:
+    files = {_module_of(path): path for path in PACKAGE.rglob("*.py")}
+    assert set(FOLDER_RULES) <= {_folder(module) for module in files}, "a folder of the rule is gone"
+    for module, path in files.items():
+        mine = _folder(module)
+        if mine is None:
+            assert module.count(".") <= 2, f"{module}: a module below a side belongs in one of its folders"
+            continue
+        side = mine.split(".")[0]
+        for used in _imported_modules(path, set(files)):
+            theirs = _folder(used)
+            if used.startswith(f"verlbox.{side}.commands"):
+                pytest.fail(f"{module} imports {used}: the commands' glue imports folders, not the reverse")
+            if theirs and theirs != mine and theirs.split(".")[0] == side:
+                assert theirs in FOLDER_RULES[mine], f"{module} imports {used}: {mine}/ may import {FOLDER_RULES[mine]}"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from verlbox.runtime import learn
-from verlbox.runtime.progress import METRICS_FILE, Progress, RunWatch, read_metrics
-from verlbox.runtime.smoke import losses_of
+from verlbox.runtime.checks import learn
+from verlbox.runtime.checks.smoke import losses_of
+from verlbox.runtime.training.progress import METRICS_FILE, Progress, RunWatch, read_metrics
 
 RECORDED = REPO / "tests" / "fixtures" / "verl-run" / "console.txt"
 

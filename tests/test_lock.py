@@ -15,10 +15,10 @@ import pytest
 from conftest import run_verlbox
 from verlbox import paths
 from verlbox.errors import UsageError
-from verlbox.host.lock import Lock, lock_target, read_lock
-from verlbox.host.plan import BuildPlan
-from verlbox.host.recipe import load_recipe
-from verlbox.runtime.build_record import apt_record, pip_record, requirement_lines
+from verlbox.host.building.plan import BuildPlan
+from verlbox.host.recipes.lock import Lock, lock_target, read_lock
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.runtime.steps.build_record import apt_record, pip_record, requirement_lines
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,7 @@ def test_a_locked_plan_mounts_each_steps_slice_only_there(tmp_path: Path) -> Non
         ("verl-deps", "final"),
         ("runtime", "final"),
     ]
-    from verlbox.host.render import render_dockerfile
+    from verlbox.host.building.render import render_dockerfile
 
     dockerfile = render_dockerfile(BuildPlan(recipe))
     torch_run = next(block for block in dockerfile.split("\nRUN ") if "steps.sh pip torch " in block)
@@ -175,9 +175,9 @@ def test_lock_never_writes_into_the_installed_verlbox(tmp_path: Path, monkeypatc
 
 
 def test_a_builder_stage_s_wheels_are_recorded_with_their_sha256_and_compared_by_verify(tmp_path: Path) -> None:
-    from verlbox.host.lock import PipEntry
-    from verlbox.host.verify import _compiled_differences
-    from verlbox.runtime.compiled_record import wheel_record
+    from verlbox.host.recipes.lock import PipEntry
+    from verlbox.host.trust.verify import _compiled_differences
+    from verlbox.runtime.steps.compiled_record import wheel_record
 
     (tmp_path / "apex-0.1-cp311-cp311-linux_x86_64.whl").write_bytes(b"compiled")
     (tmp_path / "verlbox-source.json").write_text("{}")  # not a wheel: the source record, not pinned

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO
 from test_compose import compose_config
-from verlbox.runtime.memory_cap import SITECUSTOMIZE_DIR
+from verlbox.runtime.training.memory_cap import SITECUSTOMIZE_DIR
 
 # torch.cuda as far as the cap touches it: one 48 GiB device, the fraction the cap sets recorded
 FAKE_TORCH_CUDA = """\

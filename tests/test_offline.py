@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO, build_cache_ids, ca_arguments, docker, prune_build_cache_since, run_verlbox
-from verlbox.runtime.apex_build import file_sha256
+from verlbox.runtime.steps.apex_build import file_sha256
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -117,9 +117,9 @@ def test_a_bundle_s_base_is_loaded_from_its_archive_when_the_engine_lacks_that_r
     A second tag keeps the base's layers meanwhile, so a failure here cannot cost later tests their base."""
     from rich.console import Console
 
-    from verlbox.host.bundle import load_base, read_manifest
-    from verlbox.host.plan import BuildPlan
-    from verlbox.host.recipe import load_recipe
+    from verlbox.host.building.plan import BuildPlan
+    from verlbox.host.recipes.recipe import load_recipe
+    from verlbox.host.trust.bundle import load_base, read_manifest
 
     manifest = read_manifest(bundle)
     reference, image_id = manifest.base.reference, manifest.base.image_id

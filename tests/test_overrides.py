@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_verlbox
-from verlbox.host.recipe import load_recipe
-from verlbox.runtime import overrides
-from verlbox.runtime.overrides import OverrideError, check_overrides, override_value
-from verlbox.runtime.patches import patch_set_for
-from verlbox.runtime.profile import TrainingPlan
-from verlbox.runtime.train import merge_overrides
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.runtime.training import overrides
+from verlbox.runtime.training.overrides import OverrideError, check_overrides, override_value
+from verlbox.runtime.training.patches import patch_set_for
+from verlbox.runtime.training.profile import TrainingPlan
+from verlbox.runtime.training.train import merge_overrides
 
 PATCH_SET = patch_set_for("0.4.1")
 

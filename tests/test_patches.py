@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_verlbox
-from verlbox.runtime.patches import PatchError, PatchState, apply, patch_set_for, verify
+from verlbox.runtime.training.patches import PatchError, PatchState, apply, patch_set_for, verify
 
 PATCHED_FILES = sorted({patch.file for patch in patch_set_for("0.4.1").patches})
 
@@ -140,7 +140,7 @@ def test_code_read_keys_are_absent_from_verls_config_but_read_by_its_code(verl_t
     apply(verl_tree)
     from omegaconf import OmegaConf
 
-    from verlbox.runtime.overrides import compose
+    from verlbox.runtime.training.overrides import compose
 
     declared = compose(verl_config_dir, [])
     by_name = {path.name: path for path in (verl_tree / "verl").rglob("*.py")}
@@ -175,7 +175,7 @@ def test_a_write_that_fails_midway_leaves_every_file_as_it_was(
 
 
 def test_a_patched_text_that_would_not_compile_changes_no_file(tmp_path: Path) -> None:
-    from verlbox.runtime.patches import _replace_all
+    from verlbox.runtime.training.patches import _replace_all
 
     good, bad = tmp_path / "good.py", tmp_path / "bad.py"
     good.write_text("x = 1\n")

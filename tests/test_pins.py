@@ -18,10 +18,10 @@ from packaging.utils import canonicalize_name
 
 from conftest import REPO, run_verlbox
 from standins import REGISTRY_TOKEN, closed_port_url, serve_files, serve_registry
-from verlbox.host import pins
-from verlbox.host.recipe import load_recipe
-from verlbox.host.sources import BuildSources
-from verlbox.host.upstream import Http
+from verlbox.host.building.sources import BuildSources
+from verlbox.host.clients.upstream import Http
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.host.trust import pins
 
 TAG = "11.8.0-cudnn8-devel-ubuntu22.04"
 DIGEST = "sha256:" + "c" * 64

@@ -8,9 +8,9 @@ import pytest
 
 from conftest import run_verlbox
 from test_data import hide_modules
-from verlbox.runtime import preflight
 from verlbox.runtime.gpu import UnsupportedGpu, capability_for, has_code_for, rollout_backend
-from verlbox.runtime.preflight import GpuDevice, GpuFacts, NodeFacts
+from verlbox.runtime.training import preflight
+from verlbox.runtime.training.preflight import GpuDevice, GpuFacts, NodeFacts
 
 PYPI_TORCH_26 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
 P40 = GpuDevice("Tesla P40", "6.1", 22.4, 22.2)

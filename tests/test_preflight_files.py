@@ -12,9 +12,9 @@ import pytest
 from rich.console import Console
 
 from test_data import ROWS, hub_layout
-from verlbox.runtime import preflight, train
-from verlbox.runtime.data import prepare_gsm8k
-from verlbox.runtime.train import DATA_KEYS
+from verlbox.runtime.training import preflight, train
+from verlbox.runtime.training.data import prepare_gsm8k
+from verlbox.runtime.training.train import DATA_KEYS
 
 
 def model_folder(folder: Path) -> Path:

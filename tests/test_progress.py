@@ -16,8 +16,8 @@ import pytest
 from rich.console import Console
 
 from conftest import REPO
-from verlbox.runtime import progress
-from verlbox.runtime.progress import Progress, RunWatch, parse_step, read_metrics
+from verlbox.runtime.training import progress
+from verlbox.runtime.training.progress import Progress, RunWatch, parse_step, read_metrics
 
 RECORDED = REPO / "tests" / "fixtures" / "verl-run" / "console.txt"
 
@@ -129,8 +129,8 @@ time.sleep(600)
 TRAIN = """
 import json, sys
 from rich.console import Console
-from verlbox.host.recipe import load_recipe
-from verlbox.runtime import preflight, train
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.runtime.training import preflight, train
 p40 = preflight.GpuFacts([preflight.GpuDevice("Tesla P40", "6.1", 22.4, 22.2)], ["sm_61"], "12.4", "550.54.14")
 train.local_gpu_facts = lambda cap: p40
 train.run_preflight = lambda *args: [preflight.Check("gpu", True, "a fake P40")]
@@ -201,7 +201,7 @@ def test_progress_mode_plain_leaves_verl_s_lines_as_they_are_and_still_holds_a_s
 ) -> None:
     """Plain: no compact line and no files, but the save marker is still read (before, plain dropped the hold)."""
     from verlbox.errors import UsageError
-    from verlbox.runtime import train
+    from verlbox.runtime.training import train
 
     console = Console(file=io.StringIO())
     watch = train.run_watch(tmp_path, [], {"VERLBOX_PROGRESS": "plain"}, None, console)
@@ -217,9 +217,9 @@ def test_progress_mode_plain_leaves_verl_s_lines_as_they_are_and_still_holds_a_s
 
 
 def test_the_profile_turns_on_verl_s_tensorboard_logger_writing_into_the_run_folder(tmp_path: Path) -> None:
-    from verlbox.host.recipe import load_recipe
-    from verlbox.runtime.profile import Topology, TrainingPlan
-    from verlbox.runtime.train import train_environment
+    from verlbox.host.recipes.recipe import load_recipe
+    from verlbox.runtime.training.profile import Topology, TrainingPlan
+    from verlbox.runtime.training.train import train_environment
 
     plan = TrainingPlan(load_recipe("p40-cu124").image_spec(), {}, Topology(1, 1, "given"), None)
     assert "trainer.logger=[console,tensorboard]" in plan.overrides

@@ -9,7 +9,7 @@ import yaml
 
 from conftest import REPO, run_verlbox
 from verlbox.errors import RecipeError
-from verlbox.host.recipe import load_recipe, recipe_names
+from verlbox.host.recipes.recipe import load_recipe, recipe_names
 
 
 def write(folder: Path, name: str, data: dict) -> Path:

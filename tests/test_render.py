@@ -10,9 +10,9 @@ import pytest
 
 from conftest import REPO, run_verlbox
 from verlbox import cli, paths
-from verlbox.host.plan import BuildPlan
-from verlbox.host.recipe import load_recipe, recipe_names
-from verlbox.host.render import render_dockerfile
+from verlbox.host.building.plan import BuildPlan
+from verlbox.host.building.render import render_dockerfile
+from verlbox.host.recipes.recipe import load_recipe, recipe_names
 
 GOLDEN = REPO / "dockerfiles"
 

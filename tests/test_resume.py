@@ -18,12 +18,12 @@ from rich.console import Console
 from conftest import pass_the_gpu_preflight
 from test_checkpoints import save_step, tracker
 from verlbox.errors import PreflightFailed, UsageError
-from verlbox.host.recipe import load_recipe
-from verlbox.runtime import checkpoints, hub
-from verlbox.runtime import train as train_module
-from verlbox.runtime.checkpoints import RUN_RECORD, ModelSize, check_resume
-from verlbox.runtime.profile import Topology, TrainingPlan
-from verlbox.runtime.train import merge_overrides
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.runtime.training import checkpoints, hub
+from verlbox.runtime.training import train as train_module
+from verlbox.runtime.training.checkpoints import RUN_RECORD, ModelSize, check_resume
+from verlbox.runtime.training.profile import Topology, TrainingPlan
+from verlbox.runtime.training.train import merge_overrides
 
 WORLD_SIZE = "trainer.n_gpus_per_node x trainer.nnodes"
 

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import run_verlbox
 from verlbox.errors import UsageError
-from verlbox.runtime.run_record import RUN_FILE, Gpu, Run, RunLog, now, read_runs
+from verlbox.runtime.training.run_record import RUN_FILE, Gpu, Run, RunLog, now, read_runs
 
 
 def a_run(**changes: object) -> Run:

@@ -9,11 +9,11 @@ import pytest
 
 from conftest import run_verlbox
 from verlbox.errors import UsageError
-from verlbox.host.recipe import load_recipe
-from verlbox.runtime.overrides import OverrideError, override_value
-from verlbox.runtime.patches import patch_set_for
-from verlbox.runtime.profile import Topology, TrainingPlan
-from verlbox.runtime.train import (
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.runtime.training.overrides import OverrideError, override_value
+from verlbox.runtime.training.patches import patch_set_for
+from verlbox.runtime.training.profile import Topology, TrainingPlan
+from verlbox.runtime.training.train import (
     merge_overrides,
     ray_job_config,
     resolve_topology,

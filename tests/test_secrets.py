@@ -28,13 +28,13 @@ from pip._internal.models.index import PyPI
 from rich.console import Console
 
 from conftest import HOST_CA_BUNDLE, build_cache_ids, docker, prune_build_cache_since
-from verlbox.host.bootstrap import mirror_from_apt_sources
-from verlbox.host.build import run_buildx
-from verlbox.host.context import write_context
-from verlbox.host.plan import BuildPlan
-from verlbox.host.recipe import load_recipe
-from verlbox.host.sources import BuildSources
-from verlbox.runtime.build_record import pip_record
+from verlbox.host.building.bootstrap import mirror_from_apt_sources
+from verlbox.host.building.build import run_buildx
+from verlbox.host.building.context import write_context
+from verlbox.host.building.plan import BuildPlan
+from verlbox.host.building.sources import BuildSources
+from verlbox.host.recipes.recipe import load_recipe
+from verlbox.runtime.steps.build_record import pip_record
 
 TOKEN = f"planted{secrets.token_hex(12)}"
 TAG = f"verlbox-test/planted-token:{TOKEN[-8:]}"

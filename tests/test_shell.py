@@ -22,8 +22,8 @@ import pytest
 
 from conftest import REPO, docker, run_verlbox
 from verlbox import cli
-from verlbox.host import shell
-from verlbox.host.doctor import NVIDIA_HOOK, SERVICE_PATH
+from verlbox.host.runs import shell
+from verlbox.host.runs.doctor import NVIDIA_HOOK, SERVICE_PATH
 
 RUN_FOLDERS = ("models", "data", "checkpoints", "hf-cache")
 

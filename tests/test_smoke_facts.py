@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verlbox.runtime.smoke import cudnn_version
+from verlbox.runtime.checks.smoke import cudnn_version
 
 
 @pytest.mark.parametrize(("number", "version"), [(90100, "9.1.0"), (90800, "9.8.0"), (8907, "8.9.7"), (8600, "8.6.0")])
@@ -19,8 +19,8 @@ def test_a_long_detail_wraps_in_its_cell_and_is_never_cut_short() -> None:
 
     from rich.console import Console
 
+    from verlbox.runtime.checks.smoke import CheckResult
     from verlbox.runtime.commands import print_results
-    from verlbox.runtime.smoke import CheckResult
 
     detail = "apex 25.04 compiled for sm_61; " + "torch loads cuDNN 9.1.0 from pip's nvidia-cudnn-cu12 9.1.0.70 " * 3
     buffer = io.StringIO()
@@ -32,6 +32,6 @@ def test_a_long_detail_wraps_in_its_cell_and_is_never_cut_short() -> None:
 def test_the_placed_record_is_not_read_as_a_build_step() -> None:
     """`verlbox lock` reads every *.json of the build record as a step's: placed.json beside it would be a
     step named '' (found by the clean-clone CI)."""
-    from verlbox.runtime import build_record, placed
+    from verlbox.runtime.steps import build_record, placed
 
     assert placed.PLACED.parent != build_record.RECORD_DIR and not placed.PLACED.is_relative_to(build_record.RECORD_DIR)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import docker, staging_tags
-from verlbox.host.staging import REPOSITORY, remove_dead_builds_tags, staging_tag
+from verlbox.host.building.staging import REPOSITORY, remove_dead_builds_tags, staging_tag
 
 RECIPE = "verlbox-test-staging"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from verlbox.errors import RUN_HALTED, RunHalted, UsageError
-from verlbox.runtime import supervisor
-from verlbox.runtime.supervisor import Attempt, RestartPolicy
+from verlbox.runtime.training import supervisor
+from verlbox.runtime.training.supervisor import Attempt, RestartPolicy
 
 
 def counting_command(tmp_path: Path, body: str) -> list[str]:
@@ -125,7 +125,7 @@ def test_the_policy_is_read_from_the_environment_and_bad_values_are_named() -> N
 
 SUPERVISED = """
 import os, sys
-from verlbox.runtime import supervisor
+from verlbox.runtime.training import supervisor
 policy = supervisor.RestartPolicy(failures=3, window_s=60, delay_s=0)
 child = [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"]
 code = supervisor.supervise(child, dict(os.environ), policy, newest_step=lambda: None,
@@ -156,7 +156,7 @@ def test_a_run_that_cannot_start_holds_under_compose_and_exits_with_its_code_whe
     into the same failure), the healthcheck's file holds the reason, and `docker stop` ends it with the code."""
     halt_file = tmp_path / "halted"
     program = (
-        "import sys\nfrom pathlib import Path\nfrom verlbox.runtime import supervisor\n"
+        "import sys\nfrom pathlib import Path\nfrom verlbox.runtime.training import supervisor\n"
         f"supervisor.HALT_FILE = Path({str(halt_file)!r})\n"
         "from verlbox.cli import main\nsys.exit(main(['train']))\n"
     )
@@ -178,7 +178,8 @@ def test_an_os_error_before_verl_starts_holds_under_compose_naming_the_path(tmp_
     the container into the same failure."""
     halt_file = tmp_path / "halted"
     program = (
-        "import sys\nfrom pathlib import Path\nfrom verlbox.runtime import commands, supervisor\n"
+        "import sys\nfrom pathlib import Path\nfrom verlbox.runtime import commands\n"
+        "from verlbox.runtime.training import supervisor\n"
         f"supervisor.HALT_FILE = Path({str(halt_file)!r})\n"
         "def full(args):\n    raise OSError(28, 'No space left on device', '/data/gsm8k/train.parquet')\n"
         "commands._train = full\nfrom verlbox.cli import main\nsys.exit(main(['train']))\n"
@@ -204,7 +205,7 @@ def test_an_unknown_halt_mode_is_named() -> None:
 
 REAPER = """
 import ctypes, os, sys, pathlib
-from verlbox.runtime import supervisor
+from verlbox.runtime.training import supervisor
 # PR_SET_CHILD_SUBREAPER: orphans come to this process, as to PID 1
 assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0, "no subreaper: the test would prove nothing"
 leftover = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"

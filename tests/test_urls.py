@@ -9,10 +9,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from verlbox.host.sources import shown_url
-from verlbox.host.upstream import opener, request_for
-from verlbox.runtime import build_steps, hub
-from verlbox.runtime.urls import redact, split_userinfo
+from verlbox.host.building.sources import shown_url
+from verlbox.host.clients.upstream import opener, request_for
+from verlbox.runtime.steps import build_steps
+from verlbox.runtime.steps.urls import redact, split_userinfo
+from verlbox.runtime.training import hub
 
 TOKEN_URL = "https://ci:AbC/dEf+9==@mirror.invalid:8443/debian?key=v#frag"
 

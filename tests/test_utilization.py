@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from test_progress import recorded_lines, recorded_steps
-from verlbox.runtime import progress, utilization
-from verlbox.runtime.progress import Progress, RunWatch, read_metrics
-from verlbox.runtime.utilization import PEAK_SHARE, TFLOPS_PER_GPU, ModelShape
+from verlbox.runtime.training import progress, utilization
+from verlbox.runtime.training.progress import Progress, RunWatch, read_metrics
+from verlbox.runtime.training.utilization import PEAK_SHARE, TFLOPS_PER_GPU, ModelShape
 
 # Qwen2.5-0.5B-Instruct's config.json, the keys the count reads
 QWEN_05B = {
@@ -96,7 +96,7 @@ def test_the_report_draws_the_rate_against_the_card_s_peak(tmp_path) -> None:
     import shutil
 
     from test_progress import RECORDED
-    from verlbox.host.report import read_report, render_png
+    from verlbox.host.runs.report import read_report, render_png
 
     shutil.copy(RECORDED.parent / "run.json", tmp_path / "run.json")
     watch = RunWatch(tmp_path, Progress(16, 24, shape=QWEN, gpus=1, gpu_name="NVIDIA H200"), lambda t: None)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from verlbox.runtime.patches import PatchState, apply, patch_set_for, verify
+from verlbox.runtime.training.patches import PatchState, apply, patch_set_for, verify
 
 HF_ROLLOUT = "verl/workers/rollout/hf_rollout.py"
 PATCH_ID = "hf-rollout-chunks-any-batch-size"

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_verlbox
-from verlbox.host.report import read_report, render_png
-from verlbox.runtime import progress
-from verlbox.runtime.run_record import read_runs
+from verlbox.host.runs.report import read_report, render_png
+from verlbox.runtime.training import progress
+from verlbox.runtime.training.run_record import read_runs
 
 RECORDED = REPO / "tests" / "fixtures" / "verl-run"
 

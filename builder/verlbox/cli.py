@@ -44,14 +44,14 @@ HANDLERS = {
         "compare a built image with its recipe's lock; name every difference",
     ),
     "smoke": ("verlbox.host.commands", "smoke", "run the image's smoke checks in a container and print the table"),
-    "shell": ("verlbox.host.shell", "shell", "a shell (or one command) in the image, set up as `train` is"),
+    "shell": ("verlbox.host.runs.shell", "shell", "a shell (or one command) in the image, set up as `train` is"),
     "doctor": (
-        "verlbox.host.doctor",
+        "verlbox.host.runs.doctor",
         "doctor",
         "check this host (Docker, buildx, compose, NVIDIA runtime, GPUs, disk) and say which recipe fits",
     ),
     "init": (
-        "verlbox.host.runfolder",
+        "verlbox.host.runs.runfolder",
         "init",
         "write a run folder (compose.yaml, .env, folders) for `docker compose up train`",
     ),
@@ -305,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         module, function, _ = HANDLERS[args.command]
         if module == "verlbox.runtime.commands" and getattr(args, "recipe", None):
             # the image side reads specs, never recipe files: the host side turns a named recipe into one
-            from verlbox.host.recipe import load_recipe
+            from verlbox.host.recipes.recipe import load_recipe
 
             args.spec = load_recipe(args.recipe).image_spec()
         return getattr(importlib.import_module(module), function)(args)

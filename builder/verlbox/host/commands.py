@@ -16,14 +16,15 @@ from rich.table import Table
 from verlbox import paths
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
-from verlbox.host.plan import BuildPlan
-from verlbox.host.recipe import RecipeHead, load_recipe, recipe_names
-from verlbox.host.render import render_dockerfile
+from verlbox.host.building.build import image_for
+from verlbox.host.building.plan import BuildPlan
+from verlbox.host.building.render import render_dockerfile
+from verlbox.host.recipes.recipe import RecipeHead, load_recipe, recipe_names
 
 if TYPE_CHECKING:
-    from verlbox.host.context import OfflineRepository
-    from verlbox.host.sources import BuildSources
-    from verlbox.runtime.smoke import CheckResult
+    from verlbox.host.building.context import OfflineRepository
+    from verlbox.host.building.sources import BuildSources
+    from verlbox.runtime.checks.smoke import CheckResult
 
 # what an offline build cannot use: its base, packages and sources all come from the bundle
 OFFLINE_CLASHES = (
@@ -92,7 +93,7 @@ def render(args: argparse.Namespace) -> int:
         raise UsageError("render needs a RECIPE (or --check / --sync)")
     recipe = load_recipe(args.recipe)
     if args.offline:
-        from verlbox.host.bundle import bundle_folder, check_manifest, read_manifest
+        from verlbox.host.trust.bundle import bundle_folder, check_manifest, read_manifest
 
         bundle = bundle_folder(args.offline)
         manifest = read_manifest(bundle)
@@ -109,7 +110,7 @@ def render(args: argparse.Namespace) -> int:
 
 
 def _sources(args: argparse.Namespace) -> BuildSources:
-    from verlbox.host.sources import BuildSources
+    from verlbox.host.building.sources import BuildSources
 
     return BuildSources.from_options(
         args.ca_bundle,
@@ -122,8 +123,8 @@ def _sources(args: argparse.Namespace) -> BuildSources:
 
 
 def build(args: argparse.Namespace) -> int:
-    from verlbox.host.build import build_image, check_tags, default_tag
-    from verlbox.host.bundle import bundle_folder
+    from verlbox.host.building.build import build_image, check_tags, default_tag
+    from verlbox.host.trust.bundle import bundle_folder
 
     recipe = load_recipe(args.recipe)
     if args.check:
@@ -154,7 +155,7 @@ def build(args: argparse.Namespace) -> int:
 
 
 def check_pins(args: argparse.Namespace, recipe: RecipeHead) -> int:
-    from verlbox.host.pins import NVIDIA_CUDA_REPOS, check_recipe, print_findings
+    from verlbox.host.trust.pins import NVIDIA_CUDA_REPOS, check_recipe, print_findings
 
     if args.offline or args.tag or args.no_cache or args.base_image or args.bootstrap_base:
         raise UsageError("--check builds nothing: drop --offline, --tag, --no-cache, --base-image, --bootstrap-base")
@@ -168,8 +169,8 @@ def check_pins(args: argparse.Namespace, recipe: RecipeHead) -> int:
 
 
 def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
-    from verlbox.host.bootstrap import choose_mirror, ensure_bootstrapped_base
-    from verlbox.host.engine import client
+    from verlbox.host.building.bootstrap import choose_mirror, ensure_bootstrapped_base
+    from verlbox.host.clients.engine import client
 
     sources = _sources(args).with_torch_index(recipe.name, recipe.torch.index)  # type: ignore[attr-defined]
     sources.check_apt_mirror_fits(recipe.name, recipe.base)
@@ -187,7 +188,9 @@ def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
 def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) -> tuple[BuildPlan, OfflineRepository]:
     """Room for the build checked, the bundle checked file by file and its base loaded, before any step runs;
     the plan, and the apt repository its signed indexes make."""
-    from verlbox.host.bundle import (
+    from verlbox.host.building.diskspace import offline_build_need, require_free_space
+    from verlbox.host.clients.engine import client
+    from verlbox.host.trust.bundle import (
         bundle_bytes,
         check_compiled,
         check_debs,
@@ -200,8 +203,6 @@ def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) ->
         offline_repository,
         read_manifest,
     )
-    from verlbox.host.diskspace import offline_build_need, require_free_space
-    from verlbox.host.engine import client
 
     clashing = [f"--{name.replace('_', '-')}" for name in OFFLINE_CLASHES if getattr(args, name)]
     if clashing:
@@ -226,7 +227,7 @@ def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) ->
 
 
 def bundle(args: argparse.Namespace) -> int:
-    from verlbox.host.bundle import bundle_bytes, make_bundle
+    from verlbox.host.trust.bundle import bundle_bytes, make_bundle
 
     recipe = load_recipe(args.recipe)
     if recipe.base.distribution != "debian":
@@ -246,15 +247,8 @@ def bundle(args: argparse.Namespace) -> int:
     return 0
 
 
-def image_for(args: argparse.Namespace) -> str:
-    """--image, else the tag `verlbox build` gives the recipe's image."""
-    from verlbox.host.build import default_tag
-
-    return args.image or default_tag(BuildPlan(load_recipe(args.recipe)))
-
-
 def lock(args: argparse.Namespace) -> int:
-    from verlbox.host.lock import lock_from_image, lock_target, write_lock
+    from verlbox.host.recipes.lock import lock_from_image, lock_target, write_lock
 
     recipe = load_recipe(args.recipe)
     target = lock_target(recipe, Path(args.out) if args.out else None)
@@ -267,9 +261,9 @@ def lock(args: argparse.Namespace) -> int:
 
 
 def verify(args: argparse.Namespace) -> int:
-    from verlbox.host.engine import require_image
-    from verlbox.host.lock import image_labels
-    from verlbox.host.verify import differences
+    from verlbox.host.clients.engine import require_image
+    from verlbox.host.recipes.lock import image_labels
+    from verlbox.host.trust.verify import differences
 
     require_image(args.image, "check the name (`docker image ls`), or build it first: verlbox build RECIPE")
     labels = image_labels(args.image)
@@ -288,9 +282,9 @@ def verify(args: argparse.Namespace) -> int:
 
 
 def smoke(args: argparse.Namespace) -> int:
-    from verlbox.host.engine import require_cli, require_image
+    from verlbox.host.clients.engine import require_cli, require_image
+    from verlbox.runtime.checks.smoke import CheckResult
     from verlbox.runtime.commands import print_results
-    from verlbox.runtime.smoke import CheckResult
 
     mounts = _real_model_mounts(args.model, args.data)
     args.learn = args.learn or bool(args.model)
@@ -298,7 +292,7 @@ def smoke(args: argparse.Namespace) -> int:
     image = image_for(args)
     require_image(image, f"build it first: verlbox build {args.recipe}" + ("" if args.image else " (or pass --image)"))
     if args.gpu:
-        from verlbox.host.doctor import require_nvidia_runtime
+        from verlbox.host.runs.doctor import require_nvidia_runtime
 
         require_nvidia_runtime("; or run the CPU tier alone: verlbox smoke without --gpu")
     command = [require_cli(), "run", "--rm", "--shm-size", "2g"]
@@ -345,9 +339,9 @@ def _real_model_mounts(model: str | None, data: str | None) -> list[str]:
 
 def _lock_check(args: argparse.Namespace, image: str) -> CheckResult:
     """Smoke's host-side row: the image against its recipe's lock (`verlbox verify`)."""
-    from verlbox.host.lock import image_labels
-    from verlbox.host.verify import differences, other_recipe
-    from verlbox.runtime.smoke import CheckResult
+    from verlbox.host.recipes.lock import image_labels
+    from verlbox.host.trust.verify import differences, other_recipe
+    from verlbox.runtime.checks.smoke import CheckResult
 
     recipe = load_recipe(args.recipe)
     labels = image_labels(image)
@@ -361,9 +355,9 @@ def _lock_check(args: argparse.Namespace, image: str) -> CheckResult:
 
 
 def overrides(args: argparse.Namespace) -> int:
-    from verlbox.runtime.profile import Topology, TrainingPlan
-    from verlbox.runtime.spec import baked_spec
-    from verlbox.runtime.train import verified_overrides
+    from verlbox.runtime.training.profile import Topology, TrainingPlan
+    from verlbox.runtime.training.spec import baked_spec
+    from verlbox.runtime.training.train import verified_overrides
 
     extra = list(args.extra)
     recipe = args.recipe
@@ -388,7 +382,7 @@ def runs(args: argparse.Namespace) -> int:
     the others are still listed, and the exit is 1."""
     from rich.table import Table
 
-    from verlbox.runtime.run_record import RUN_FILE, read_runs
+    from verlbox.runtime.training.run_record import RUN_FILE, read_runs
 
     folder = _checkpoints_folder(args)
 
@@ -458,7 +452,7 @@ def _checkpoints_folder(args: argparse.Namespace) -> Path:
 def _report_folder(args: argparse.Namespace) -> Path:
     """One run's folder: FOLDER as a path, else an EXPERIMENT of the run folder, else the run that logged last."""
     from verlbox.run_folder import find_run_folder
-    from verlbox.runtime.progress import METRICS_FILE
+    from verlbox.runtime.training.progress import METRICS_FILE
 
     named = args.folder is not None and "/" not in args.folder  # an EXPERIMENT's name, or a folder here
     if args.folder and not (args.run and named) and Path(args.folder).is_dir():
@@ -482,7 +476,7 @@ def _report_folder(args: argparse.Namespace) -> Path:
 
 
 def report(args: argparse.Namespace) -> int:
-    from verlbox.host.report import write_report
+    from verlbox.host.runs.report import write_report
 
     folder = _report_folder(args)
     written = write_report(folder, Path(args.out) if args.out else None)

@@ -16,10 +16,10 @@ from rich.table import Table
 
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
-from verlbox.runtime.spec import SPEC_VARIABLE, ImageSpec, baked_spec
+from verlbox.runtime.training.spec import SPEC_VARIABLE, ImageSpec, baked_spec
 
 if TYPE_CHECKING:  # smoke imports the training stack: only when its command runs
-    from verlbox.runtime.smoke import RealModel
+    from verlbox.runtime.checks.smoke import RealModel
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -42,8 +42,8 @@ def train(args: argparse.Namespace) -> int:
     """`train`; under compose (VERLBOX_ON_HALT=wait) a run that cannot go on holds with its reason instead of
     exiting into Docker's restart of the same failure. Overrides typed on the command line are a one-off
     (`docker compose run ... train KEY=VALUE`; `up` runs the file's fixed command): bad ones exit 2 at once."""
-    from verlbox.runtime import supervisor
-    from verlbox.runtime.overrides import OverrideError
+    from verlbox.runtime.training import supervisor
+    from verlbox.runtime.training.overrides import OverrideError
 
     waits = supervisor.holds(os.environ)
     supervisor.clear_halt()
@@ -63,8 +63,8 @@ def train(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from verlbox.runtime.memory_cap import gib_from_environment, parse_gib
-    from verlbox.runtime.profile import chosen_profile
+    from verlbox.runtime.training.memory_cap import gib_from_environment, parse_gib
+    from verlbox.runtime.training.profile import chosen_profile
 
     # bad input is named wherever it is given; only then is this the wrong place to train
     spec = _spec(args)
@@ -79,7 +79,7 @@ def _train(args: argparse.Namespace) -> int:
             f"train runs inside the image ({' and '.join(missing)} not installed here): `docker compose up train` "
             f"in a run folder, or `verlbox shell -- verlbox train --dry-run` to see its command{here}"
         )
-    from verlbox.runtime.train import train as run_training
+    from verlbox.runtime.training.train import train as run_training
 
     return run_training(
         spec,
@@ -99,7 +99,7 @@ def prepare_data(args: argparse.Namespace) -> int:
             "prepare-data needs pyarrow, which is not installed here: `pip install pyarrow`, or let `train` "
             "prepare the data in the image on first start"
         )
-    from verlbox.runtime.data import prepare_gsm8k
+    from verlbox.runtime.training.data import prepare_gsm8k
 
     written = prepare_gsm8k(Path(args.source), Path(args.out), validation_size=args.validation_size)
     for name, (rows, changed) in written.items():
@@ -111,7 +111,7 @@ def fetch(args: argparse.Namespace) -> int:
     """The model or GSM8K into --out, as `train` fetches it on first start; a folder that already holds it
     is checked against its record instead."""
     from verlbox.run_folder import find_run_folder
-    from verlbox.runtime import hub
+    from verlbox.runtime.training import hub
 
     environ = dict(os.environ)
     in_image = bool(environ.get(SPEC_VARIABLE))
@@ -153,7 +153,7 @@ def fetch(args: argparse.Namespace) -> int:
 
 
 def patch_verl(args: argparse.Namespace) -> int:
-    from verlbox.runtime.patches import PatchState, apply
+    from verlbox.runtime.training.patches import PatchState, apply
 
     patch_set, statuses = apply(Path(args.directory))
     pending = [s for s in statuses if s.state is PatchState.PENDING]
@@ -176,8 +176,8 @@ def print_results(results: list, console: Console = out) -> None:
 
 def _real_model(args: argparse.Namespace) -> RealModel | None:
     """--model (and --data): the user's model and GSM8K folders, checked before any check runs."""
-    from verlbox.runtime.data import PREPARED
-    from verlbox.runtime.smoke import RealModel
+    from verlbox.runtime.checks.smoke import RealModel
+    from verlbox.runtime.training.data import PREPARED
 
     if not args.model:
         if args.data:
@@ -193,7 +193,7 @@ def _real_model(args: argparse.Namespace) -> RealModel | None:
 
 
 def smoke_checks(args: argparse.Namespace) -> int:
-    from verlbox.runtime.smoke import results_json, run_smoke
+    from verlbox.runtime.checks.smoke import results_json, run_smoke
 
     spec = _spec(args)
     real = _real_model(args)

@@ -1,0 +1,123 @@
+"""A base image made locally with debootstrap + docker import, for hosts that reach no registry.
+
+The Debian mirror is the user's: --apt-mirror, else $VERLBOX_APT_MIRROR, else the first Debian
+archive in the host's own apt sources. verlbox names no mirror of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from rich.console import Console
+
+from verlbox.errors import UsageError, VerlboxError
+from verlbox.host.building.sources import shown_url
+from verlbox.host.clients.engine import image_exists, require_cli
+from verlbox.host.recipes.recipe import Bootstrap
+from verlbox.runtime.steps.urls import redact
+
+APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
+_ONE_LINE = re.compile(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(\S+)")
+
+
+def _source_files(locations: Iterable[Path]) -> list[Path]:
+    files: list[Path] = []
+    for location in locations:
+        if location.is_dir():
+            files += sorted(p for p in location.iterdir() if p.suffix in (".list", ".sources"))
+        elif location.is_file():
+            files.append(location)
+    return files
+
+
+def mirror_from_apt_sources(locations: Iterable[Path] = APT_SOURCES) -> str | None:
+    """The first archive URI of a Debian release suite (not -security, not -updates) in apt's sources."""
+    for path in _source_files(locations):
+        text = path.read_text(errors="replace")
+        if path.suffix == ".sources":
+            for stanza in re.split(r"\n\s*\n", text):
+                fields = dict(re.findall(r"^([A-Za-z-]+):\s*(.*)$", stanza, flags=re.MULTILINE))
+                suites = fields.get("Suites", "").split()
+                if fields.get("Enabled", "yes") != "no" and any("-" not in suite for suite in suites):
+                    uris = fields.get("URIs", "").split()
+                    if uris:
+                        return uris[0]
+        else:
+            for line in text.splitlines():
+                if (match := _ONE_LINE.match(line.strip())) and "-" not in match.group(2):
+                    return match.group(1)
+    return None
+
+
+def choose_mirror(option: str | None, environ: Mapping[str, str] = os.environ) -> str:
+    mirror = option or environ.get("VERLBOX_APT_MIRROR") or mirror_from_apt_sources()
+    if not mirror:
+        raise UsageError("--bootstrap-base needs a Debian mirror: give --apt-mirror URL or set VERLBOX_APT_MIRROR")
+    if not re.fullmatch(r"(https?|file)://\S+", mirror):
+        raise UsageError(f"--apt-mirror {shown_url(mirror)!r}: expected an http(s):// or file:// URL")
+    return mirror
+
+
+def without_credentials(mirror: str, home: Path) -> str:
+    """MIRROR without its user:password@, which go into HOME/.netrc for debootstrap's wget instead: never
+    onto a command line (`ps` shows it) nor into the base's /etc/apt/sources.list (every image's layer)."""
+    parts = urlsplit(mirror)
+    if parts.username is None:
+        return mirror
+    netrc = home / ".netrc"
+    netrc.touch(mode=0o600)
+    netrc.write_text(
+        f"machine {parts.hostname} login {unquote(parts.username)} password {unquote(parts.password or '')}\n"
+    )
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def _scrubbed(text: str, mirror: str) -> str:
+    """TEXT with MIRROR's password removed, wherever a tool echoed it."""
+    password = urlsplit(mirror).password
+    return text.replace(password, "***") if password else text
+
+
+def bootstrapped_reference(bootstrap: Bootstrap) -> str:
+    return f"verlbox-base/debian:{bootstrap.suite}-{bootstrap.variant}"
+
+
+def ensure_bootstrapped_base(engine: Any, bootstrap: Bootstrap, mirror: str, console: Console) -> str:
+    reference = bootstrapped_reference(bootstrap)
+    if image_exists(engine, reference):
+        return reference
+    if shutil.which("debootstrap") is None:
+        raise VerlboxError("--bootstrap-base needs debootstrap (apt-get install debootstrap)")
+    if os.geteuid() != 0:
+        raise VerlboxError("--bootstrap-base runs debootstrap, which needs root")
+    with (
+        tempfile.TemporaryDirectory(prefix="verlbox-rootfs-") as workdir,
+        console.status(f"debootstrap {bootstrap.suite} ({bootstrap.variant}) -> {reference}"),
+    ):
+        root, archive = Path(workdir) / "root", Path(workdir) / "root.tar"
+        bare = without_credentials(mirror, Path(workdir))
+        steps = [
+            ["debootstrap", f"--variant={bootstrap.variant}", bootstrap.suite, str(root), bare],
+            # apt's lists would be deleted by a later layer: a whiteout whose time differs per build
+            ["find", str(root / "var/lib/apt/lists"), "-type", "f", "-delete"],
+            # a file, not a pipe: if docker import dies, nothing is left writing into a pipe nobody reads
+            ["tar", "-C", str(root), "-cf", str(archive), "."],
+            [require_cli(), "import", str(archive), reference],
+        ]
+        for step in steps:
+            # debootstrap's wget reads the credentials from $HOME/.netrc; the docker CLI keeps the user's own HOME
+            environment = os.environ | {"HOME": workdir} if step[0] == "debootstrap" else None
+            result = subprocess.run(step, capture_output=True, text=True, check=False, env=environment)
+            if result.returncode != 0:
+                said = (result.stdout + result.stderr).strip()[-2000:]
+                raise VerlboxError(f"{step[0]} failed while making {reference}: {_scrubbed(said, mirror)}")
+    console.print(f"made base image {reference} with debootstrap from {redact(mirror)}")
+    return reference

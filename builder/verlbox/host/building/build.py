@@ -1,0 +1,251 @@
+"""Build an image with BuildKit (`docker buildx build`), streaming its steps, tagging only on success."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.status import Status
+
+from verlbox.errors import BuildError
+from verlbox.host.building.clamp import clamp_image
+from verlbox.host.building.context import OfflineRepository, write_context
+from verlbox.host.building.plan import BuildPlan
+from verlbox.host.building.sources import BuildSources
+from verlbox.host.building.staging import remove_dead_builds_tags, staging_tag
+from verlbox.host.clients.engine import client, require_cli, retag, untag
+from verlbox.host.clients.reference import ImageReference, parse_tag
+
+_STEP_START = re.compile(r"^#(\d+) (\[.+|exporting.+|naming.+|writing.+|unpacking.+)$")
+# what a step line shows: its instruction without mount flags and the CA-trust preamble
+_NOISE = re.compile(r"--mount=\S+\s*|bash /tmp/verlbox/steps/(?=steps\.sh)")
+_STEP_END = re.compile(r"^#(\d+) (DONE [0-9.]+s|CACHED|ERROR.*|CANCELED)$")
+_STEP_ERROR = re.compile(r"^#(\d+) ERROR: ")
+_ECHOED_COMMAND = re.compile(r'process ".*" did not complete successfully')
+
+
+def failure_excerpt(log: str, lines: int = 15) -> str:
+    """What the failed step itself printed last (an installer's message naming the package) and its
+    ERROR line, with BuildKit's echo of the whole instruction cut out; the log's last lines when no
+    step failed."""
+    every_line = log.splitlines(keepends=True)
+    errors = [line for line in every_line if _STEP_ERROR.match(line)]
+    if not errors:
+        return "".join(every_line[-lines:])
+    error = errors[-1]
+    prefix = error.split(" ", 1)[0] + " "
+    printed = [line for line in every_line if line.startswith(prefix) and not _STEP_ERROR.match(line)][-(lines - 1) :]
+    return "".join(printed) + _ECHOED_COMMAND.sub("its command did not complete successfully", error)
+
+
+@dataclass
+class StepTiming:
+    name: str
+    seconds: float | None = None
+    cached: bool = False
+
+
+@dataclass
+class BuildResult:
+    image_id: str
+    tags: list[str]
+    seconds: float
+    steps: list[StepTiming] = field(default_factory=list)
+
+
+def default_tag(plan: BuildPlan) -> str:
+    return f"verlbox/{plan.recipe.name}:{plan.verlbox_version}"
+
+
+def check_tags(tags: list[str]) -> list[ImageReference]:
+    """Every tag parsed before the build starts: a bad one costs nothing and leaves nothing behind."""
+    return [parse_tag(tag) for tag in tags]
+
+
+def log_directory() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "verlbox" / "build-logs"
+
+
+class _StepReporter:
+    """Turns BuildKit's plain progress into one line per finished step (or every line with `plain`)."""
+
+    def __init__(self, console: Console, verbose: bool) -> None:
+        self.console = console
+        self.verbose = verbose
+        self.steps: dict[str, StepTiming] = {}
+        # on a terminal, the step now running shows under the finished ones (rich hides it elsewhere)
+        self.status: Status | None = None
+
+    def feed(self, line: str) -> None:
+        if self.verbose:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            return
+        if start := _STEP_START.match(line):
+            step = self.steps.setdefault(start.group(1), StepTiming(" ".join(_NOISE.sub("", start.group(2)).split())))
+            if self.status is not None:
+                self.status.update(f"running {step.name[:100]}")
+        elif (end := _STEP_END.match(line)) and end.group(1) in self.steps:
+            step = self.steps[end.group(1)]
+            outcome = end.group(2)
+            step.cached = outcome == "CACHED"
+            if outcome.startswith("DONE"):
+                step.seconds = float(outcome.split()[1].rstrip("s"))
+            shown = (
+                "cached"
+                if step.cached
+                else outcome.split()[0].lower() + (f" {outcome.split()[1]}" if outcome.startswith("DONE") else "")
+            )
+            self.console.print(f"  {shown:>12}  {step.name[:110]}", markup=False, highlight=False)
+
+
+def run_buildx(
+    plan: BuildPlan,
+    arguments: list[str],
+    *,
+    sources: BuildSources,
+    progress: str,
+    console: Console,
+    what: str,
+    offline_repository: OfflineRepository | None = None,
+) -> list[StepTiming]:
+    """`docker buildx build` of PLAN's Dockerfile on a fresh context, steps streamed, the log kept on failure."""
+    secret_arguments, secret_environment = sources.secret_arguments()
+    docker_cli = require_cli()
+    token = secrets.token_hex(6)
+    log_directory().mkdir(parents=True, exist_ok=True)
+    # the token keeps two builds started in the same second from sharing (and deleting) one log
+    log_path = log_directory() / f"{plan.recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}-{token}.log"
+    reporter = _StepReporter(console, verbose=progress == "plain")
+    with tempfile.TemporaryDirectory(prefix="verlbox-context-") as context:
+        write_context(plan, Path(context), sources, offline_repository)
+        command = [docker_cli, "buildx", "build", "--progress", "plain", "--file", str(Path(context) / "Dockerfile")]
+        command += arguments + secret_arguments + [context]
+        console.print(
+            f"{what} {plan.recipe.name} FROM {plan.base_image} (log: {log_path})", markup=False, highlight=False
+        )
+        with (
+            log_path.open("w") as log,
+            console.status("starting the build") as reporter.status,
+            stopped_by_sigterm(),
+            subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                env=os.environ | secret_environment,
+            ) as process,
+        ):
+            assert process.stdout is not None
+            try:
+                for line in process.stdout:
+                    log.write(line)
+                    reporter.feed(line.rstrip("\n"))
+            except BaseException:
+                # Ctrl-C reaches buildx through the terminal's process group; a SIGTERM to verlbox alone
+                # (a service manager, `kill`) does not: the build stops with verlbox either way
+                process.terminate()
+                process.wait()
+                raise
+            returncode = process.wait()
+    if returncode != 0:
+        raise BuildError(
+            f"the build of {plan.recipe.name} failed (exit {returncode}); previous images and "
+            f"tags are untouched. Full log: {log_path}\n{failure_excerpt(log_path.read_text())}"
+        )
+    log_path.unlink()
+    return list(reporter.steps.values())
+
+
+@contextmanager
+def stopped_by_sigterm() -> Iterator[None]:
+    """A SIGTERM becomes KeyboardInterrupt meanwhile, so that the build's clean-up runs (its staging tag
+    removed, buildx stopped) as for Ctrl-C, instead of the process vanishing mid-build."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def build_image(
+    plan: BuildPlan,
+    tags: list[str],
+    *,
+    sources: BuildSources | None = None,
+    bundle: Path | None = None,
+    offline_repository: OfflineRepository | None = None,
+    no_cache: bool = False,
+    progress: str = "auto",
+    console: Console | None = None,
+) -> BuildResult:
+    """Build PLAN's final stage under a temporary tag, then move TAGS to it: a failure leaves every tag as it was.
+
+    An offline plan builds from BUNDLE (a named build context), its apt steps from OFFLINE_REPOSITORY (the
+    bundle's signed indexes), and is clamped to the lock's date.
+    """
+    console = console or Console(stderr=True)
+    references = check_tags(tags)
+    sources = sources or BuildSources()
+    if not plan.offline:
+        sources = sources.with_torch_index(plan.recipe.name, plan.torch_index)
+    engine = client()
+    for tag in remove_dead_builds_tags(engine, plan.recipe.name):
+        console.print(f"removed {tag}: the build that made it was killed", markup=False, highlight=False)
+    temporary_tag = staging_tag(plan.recipe.name)
+    arguments = ["--load", "--target", "final", "--tag", temporary_tag] + (["--no-cache"] if no_cache else [])
+    if plan.offline:
+        assert bundle is not None and plan.source_date_epoch is not None
+        arguments += ["--build-context", f"bundle={bundle.resolve()}"]
+        arguments += ["--build-arg", f"SOURCE_DATE_EPOCH={plan.source_date_epoch}"]
+    started = time.monotonic()
+    clamped_tag = staging_tag(plan.recipe.name)
+    try:
+        steps = run_buildx(
+            plan,
+            arguments,
+            sources=sources,
+            progress=progress,
+            console=console,
+            what="building",
+            offline_repository=offline_repository,
+        )
+        image_id = engine.images.get(temporary_tag).id
+        if plan.source_date_epoch is not None:
+            with console.status(f"clamping file times to SOURCE_DATE_EPOCH={plan.source_date_epoch}"):
+                image_id = clamp_image(temporary_tag, plan.base_image, plan.source_date_epoch, clamped_tag)
+            untag(engine, temporary_tag)
+            temporary_tag = clamped_tag
+    except BaseException:
+        untag(engine, temporary_tag)
+        untag(engine, clamped_tag)
+        raise
+    retag(engine, temporary_tag, references)
+    return BuildResult(image_id, [str(r) for r in references], time.monotonic() - started, steps)
+
+
+def image_for(args: argparse.Namespace) -> str:
+    """--image, else the tag `verlbox build` gives the recipe's image."""
+    from verlbox.host.recipes.recipe import load_recipe
+
+    return args.image or default_tag(BuildPlan(load_recipe(args.recipe)))

@@ -1,0 +1,204 @@
+"""`verlbox shell`: a shell (or one command) in the image, through compose's `train` service.
+
+compose.yaml's `train` service is the one definition of GPU, mounts, user and environment, so the
+shell runs `docker compose run --rm` on it. Before anything is created, what would otherwise surface
+as a raw engine error (with a compose network left behind) is checked: the image is on the engine,
+the engine can give a container a GPU (unless --no-gpu), the bind-mounted folders exist. After the
+run, the network compose made for it goes when no container of the project uses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from verlbox import paths
+from verlbox.dotenv import dotenv_values
+from verlbox.errors import UsageError, VerlboxError
+from verlbox.host.building.build import image_for
+
+# compose's `!reset` (compose >= 2.24) drops the GPU reservation and nothing else: mounts, user,
+# environment and shared memory stay train's own
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+NO_GPU_OVERRIDE = "services:\n  train:\n    deploy: !reset null\n"
+PROJECT_LABEL = "com.docker.compose.project"
+
+
+@dataclass(frozen=True)
+class ComposeRun:
+    compose: list[str]  # docker compose -f FILE... --project-directory DIR
+    run: list[str]  # run --rm --entrypoint CMD train ARGS...
+    environment: dict[str, str]  # what verlbox adds to the caller's environment
+
+    @property
+    def command(self) -> list[str]:
+        return [*self.compose, *self.run]
+
+
+def shell_command(
+    args: argparse.Namespace, workdir: Path, environ: dict[str, str], override: Path | None = None
+) -> ComposeRun:
+    """`docker compose run` on the train service, in the user's folder, honouring its .env.
+
+    The compose file in the current folder wins over the shipped one; relative mounts and .env are the
+    current folder's. A variable the shell or .env already sets is left alone. OVERRIDE is one more
+    compose file on top (--no-gpu's).
+    """
+    from verlbox.host.clients.engine import require_cli
+
+    compose_file = workdir / "compose.yaml"
+    if not compose_file.is_file():
+        compose_file = paths.compose_file()
+    files = [compose_file, *([override] if override else [])]
+    compose = [require_cli(), "compose", *(word for file in files for word in ("-f", str(file)))]
+    compose += ["--project-directory", str(workdir)]
+    entrypoint, *rest = args.one_command or ["bash"]
+    already = set(environ) | set(dotenv_values(workdir / ".env"))
+    environment: dict[str, str] = {}
+    if args.recipe or args.image:
+        environment["VERLBOX_IMAGE"] = image_for(args)
+    for variable, value in (("VERLBOX_UID", os.getuid()), ("VERLBOX_GID", os.getgid())):
+        if variable not in already:
+            environment[variable] = str(value)
+    return ComposeRun(compose, ["run", "--rm", "--entrypoint", entrypoint, "train", *rest], environment)
+
+
+def resolved_project(run: ComposeRun) -> dict[str, Any]:
+    """The compose project as compose itself resolves it (.env, environment, defaults, merged files)."""
+    result = subprocess.run(
+        [*run.compose, "config", "--format", "json"],
+        env=os.environ | run.environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if result.returncode != 0:
+        said = result.stderr.strip().splitlines()
+        raise VerlboxError(f"docker compose cannot read the project: {said[-1] if said else 'no output'}")
+    project = json.loads(result.stdout)
+    if "train" not in project.get("services", {}):
+        raise VerlboxError("the compose file has no `train` service (compare with `verlbox init`'s compose.yaml)")
+    return project
+
+
+def missing_image_fix(image: str, recipe: str | None) -> str:
+    """`verlbox build` of the recipe whose image this is, when one is known."""
+    from verlbox.host.building.build import default_tag
+    from verlbox.host.building.plan import BuildPlan
+    from verlbox.host.recipes.recipe import load_recipe, recipe_names
+
+    if recipe is None:
+        recipe = next((name for name in recipe_names() if default_tag(BuildPlan(load_recipe(name))) == image), None)
+    if recipe is None:
+        return f"build it first (verlbox build RECIPE --tag {image}) or load it (docker load)"
+    tag = "" if default_tag(BuildPlan(load_recipe(recipe))) == image else f" --tag {image}"
+    return f"build it first: verlbox build {recipe}{tag}"
+
+
+def missing_mounts(service: dict[str, Any]) -> list[str]:
+    """Host folders the service bind-mounts without letting Docker create them, which do not exist."""
+    return [
+        volume["source"]
+        for volume in service.get("volumes") or []
+        if volume.get("type") == "bind"
+        and not (volume.get("bind") or {}).get("create_host_path")
+        and not Path(volume["source"]).exists()
+    ]
+
+
+def check_before_run(args: argparse.Namespace, engine: Any, service: dict[str, Any]) -> None:
+    from verlbox.host.building.diskspace import local_data_folder
+    from verlbox.host.clients.engine import require_image
+    from verlbox.host.runs.doctor import require_nvidia_runtime
+
+    image = service.get("image")  # none where the folder's compose file builds its own
+    if image:
+        require_image(image, missing_image_fix(image, args.recipe))
+    if not args.no_gpu:
+        require_nvidia_runtime("; or `verlbox shell --no-gpu` to start without a GPU", engine)
+    # bind sources are paths on the engine's machine: only a local engine's can be checked here
+    missing = missing_mounts(service) if local_data_folder(engine) is not None else []
+    if missing:
+        raise VerlboxError(
+            f"the train service mounts {', '.join(missing)}, which do not exist: "
+            f"create them first (mkdir -p {' '.join(missing)}), or make a run folder with `verlbox init`"
+        )
+
+
+def _project_networks(engine: Any, project: str) -> list[Any]:
+    return engine.networks.list(filters={"label": f"{PROJECT_LABEL}={project}"})
+
+
+def remove_networks_made(engine: Any, project: str, before: set[str]) -> None:
+    """Remove the project's networks made since BEFORE, unless a container of the project (a train) has any."""
+    import docker
+
+    if engine.containers.list(all=True, filters={"label": f"{PROJECT_LABEL}={project}"}):
+        return
+    for network in _project_networks(engine, project):
+        if network.name not in before:
+            with contextlib.suppress(docker.errors.APIError):  # one taken into use since: keep it
+                network.remove()
+
+
+@contextlib.contextmanager
+def _interrupt_goes_to_compose() -> Iterator[None]:
+    # Ctrl-C reaches compose as well (one process group): it stops and removes the container, and only
+    # then does verlbox clean up; a Python handler, unlike SIG_IGN, is not inherited by the child
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def run_checked(args: argparse.Namespace, run: ComposeRun, where: str | None = None) -> int:
+    """Checks, then the run; WHERE (the run folder used) is said once the checks pass: a failure stays one line."""
+    from verlbox.host.clients.engine import client
+
+    engine = client()
+    project = resolved_project(run)
+    check_before_run(args, engine, project["services"]["train"])
+    if where:
+        err.print(where, markup=False)
+    before = {network.name for network in _project_networks(engine, project["name"])}
+    try:
+        with _interrupt_goes_to_compose():
+            returncode = subprocess.run(run.command, env=os.environ | run.environment, check=False).returncode
+    finally:
+        remove_networks_made(engine, project["name"], before)
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def shell(args: argparse.Namespace) -> int:
+    from verlbox.run_folder import find_run_folder
+
+    run = find_run_folder(args.run)
+    if run is None and not (args.recipe or args.image):
+        # compose's default image would be named otherwise: advice to build a recipe this user may not want
+        raise UsageError(
+            f"{Path.cwd()} is not a run folder (no .env or compose.yaml): cd into yours or give --run DIR "
+            "(`verlbox init DIR` makes one), or name the image: verlbox shell RECIPE, or --image REF"
+        )
+    workdir = run.path if run else Path.cwd()
+    with tempfile.TemporaryDirectory(prefix="verlbox-shell-") as scratch:
+        override = None
+        if args.no_gpu:
+            override = Path(scratch) / "no-gpu.yaml"
+            override.write_text(NO_GPU_OVERRIDE)
+        return run_checked(
+            args, shell_command(args, workdir, dict(os.environ), override), run.described if run else None
+        )

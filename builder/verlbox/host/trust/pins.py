@@ -1,0 +1,356 @@
+"""`verlbox build RECIPE --check`: is every pin of a recipe still served? Each upstream is asked, nothing is
+built: the base's manifest (registry API v2), each Python pin on its simple index (a file for the recipe's
+Python on linux x86_64), a wheel or archive named by URL (HEAD; Apex's from the cache when it is there),
+the cuDNN apt pin in NVIDIA's repository index, and the final stage's whole pin set resolved once (uv,
+for the recipe's Python and platform), so that pins that cannot coexist are named before any build.
+Mirrors and the CA bundle apply as in a build.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import subprocess
+import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from urllib.parse import unquote, urlsplit
+
+from packaging import tags
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion, Version
+
+from verlbox.errors import UsageError
+from verlbox.host.building.archives import check_archive
+from verlbox.host.building.sources import BuildSources
+from verlbox.host.clients.upstream import (
+    Http,
+    UpstreamError,
+    host_of,
+    registry_manifest,
+    registry_manifest_url,
+    status_line,
+)
+from verlbox.host.recipes.archive import ArchivePin
+from verlbox.host.recipes.recipe import RecipeHead
+from verlbox.runtime.steps.urls import split_userinfo
+
+# NVIDIA's CUDA apt repositories, where a CUDA base's cuDNN packages come from (a mirror: --nvidia-repo-url)
+NVIDIA_CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
+PLATFORM = "x86_64-manylinux_2_28"  # uv's name for the platform every image here runs on
+LINUX_X86_64 = [f"manylinux_2_{minor}_x86_64" for minor in range(39, 4, -1)]
+LINUX_X86_64 += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    pin: str
+    host: str
+    served: bool
+    answer: str
+
+    def line(self) -> str:
+        return f"{'ok' if self.served else 'FAILED':<6}  {self.pin}  [{self.host}] {self.answer}"
+
+
+# ---- the base image -------------------------------------------------------------------------------------
+
+
+def check_base(http: Http, image: str, digest: str | None) -> Finding:
+    pin = f"base {image}" + (f"@{digest}" if digest else "")
+    url = registry_manifest_url(image, digest)
+    answer = registry_manifest(http, url)
+    host = host_of(url)
+    if answer.status == 200:
+        served = answer.headers.get("Docker-Content-Digest")
+        found = f"served ({served})" if served else "served"
+        if digest and served and served != digest:
+            return Finding(pin, host, False, f"the registry's digest is {served}, not the recipe's")
+        return Finding(pin, host, True, found)
+    if answer.status == 404:
+        return Finding(
+            pin,
+            host,
+            False,
+            "not found: the tag was deleted (NVIDIA removes end-of-life CUDA tags); build with --base-image naming "
+            "a copy you kept, or from a `verlbox bundle`",
+        )
+    return Finding(pin, host, False, status_line(answer))
+
+
+# ---- Python files on a simple index ---------------------------------------------------------------------
+
+
+class _Links(HTMLParser):
+    """The file names a PEP 503 page links to (a link's text may differ from its file: the href decides)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.files: list[tuple[str, bool]] = []  # (file name, yanked)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            attributes = dict(attrs)
+            href = attributes.get("href") or ""
+            name = unquote(urlsplit(href).path.rsplit("/", 1)[-1])
+            if name:
+                self.files.append((name, "data-yanked" in attributes))
+
+
+def supported_tags(python: str) -> set[tags.Tag]:
+    """The wheel tags CPython PYTHON on linux x86_64 installs."""
+    version = tuple(int(part) for part in python.split("."))
+    found = set(tags.cpython_tags(python_version=version, platforms=LINUX_X86_64))
+    found |= set(tags.compatible_tags(python_version=version, platforms=LINUX_X86_64))
+    return found
+
+
+def file_version(name: str, wanted: str) -> tuple[Version, frozenset[tags.Tag] | None] | None:
+    """(version, wheel tags) of a distribution file of project WANTED; an sdist has no tags; others: None."""
+    try:
+        if name.endswith(".whl"):
+            project, version, _, file_tags = parse_wheel_filename(name)
+            return (version, file_tags) if project == canonicalize_name(wanted) else None
+        if name.endswith((".tar.gz", ".zip")):
+            project, version = parse_sdist_filename(name)
+            return (version, None) if project == canonicalize_name(wanted) else None
+    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+        return None
+    return None
+
+
+def check_on_index(http: Http, index_url: str, name: str, version: str, python: str) -> Finding:
+    pin = f"{name}=={version}"
+    project = canonicalize_name(name.split("[", 1)[0])
+    url = f"{index_url.rstrip('/')}/{project}/"
+    host = host_of(url)
+    answer = http.request(url, headers={"Accept": "text/html"})
+    if answer.status == 404:
+        return Finding(pin, host, False, "the index has no such project")
+    if answer.status != 200:
+        return Finding(pin, host, False, status_line(answer))
+    links = _Links()
+    links.feed(answer.body.decode("utf-8", "replace"))
+    wanted, supported = Version(version), supported_tags(python)
+    files = [(found, yanked) for file, yanked in links.files if (found := file_version(file, project)) is not None]
+    matching = [(file_tags, yanked) for (found, file_tags), yanked in files if found == wanted]
+    if not matching:
+        newest = max((found for (found, _), _ in files), default=None)
+        return Finding(pin, host, False, f"no {version} on this index" + (f" (newest: {newest})" if newest else ""))
+    usable = [yanked for file_tags, yanked in matching if file_tags is None or file_tags & supported]
+    if not usable:
+        return Finding(pin, host, False, f"{version} is listed, but no file for CPython {python} on linux x86_64")
+    return Finding(
+        pin, host, True, "served" + (" (yanked: pip takes it only when pinned, as here)" if all(usable) else "")
+    )
+
+
+# ---- files named by URL, the cuDNN apt pin ---------------------------------------------------------------
+
+
+def check_url(http: Http, pin: str, url: str) -> Finding:
+    answer = http.request(url, method="HEAD")
+    found = answer.headers.get("Content-Length")
+    size = f" ({int(found) / 2**20:.0f} MiB)" if answer.status == 200 and found and found.isdigit() else ""
+    return Finding(
+        pin, host_of(url), answer.status == 200, ("served" + size) if answer.status == 200 else status_line(answer)
+    )
+
+
+def check_archive_pin(http: Http, sources: BuildSources, pin_name: str, archive: ArchivePin) -> Finding:
+    """A pinned source archive: in the cache with its hash (as a build takes it), else its URL (HEAD)."""
+    cached = sources.archives / archive.name
+    if cached.is_file():
+        try:
+            check_archive(cached, archive)
+        except UsageError as error:
+            return Finding(pin_name, "cache", False, str(error))
+        return Finding(pin_name, "cache", True, "in the source cache, its sha256 as pinned")
+    return check_url(http, pin_name, sources.archive_url(archive))
+
+
+def apt_versions(index: str, packages: set[str]) -> dict[str, set[str]]:
+    """PACKAGE -> versions an apt Packages index lists."""
+    found: dict[str, set[str]] = {name: set() for name in packages}
+    for stanza in index.split("\n\n"):
+        fields = dict(re.findall(r"^(Package|Version):\s*(\S+)\s*$", stanza, re.MULTILINE))
+        if fields.get("Package") in found and "Version" in fields:
+            found[fields["Package"]].add(fields["Version"])
+    return found
+
+
+def check_apt_pin(http: Http, repository_url: str, packages: dict[str, str]) -> Finding:
+    pin = " ".join(f"{name}={version}" for name, version in packages.items())
+    url = f"{repository_url.rstrip('/')}/Packages.gz"
+    host = host_of(url)
+    answer = http.request(url)
+    if answer.status != 200:
+        return Finding(pin, host, False, f"its Packages index: {status_line(answer)}")
+    try:
+        index = gzip.decompress(answer.body).decode("utf-8", "replace")
+    except (OSError, EOFError, zlib.error):
+        return Finding(pin, host, False, "its Packages.gz is not a whole gzip file")
+    listed = apt_versions(index, set(packages))
+    missing = [f"{name}={version}" for name, version in packages.items() if version not in listed[name]]
+    if missing:
+        return Finding(pin, host, False, f"not in the repository's index: {', '.join(missing)}")
+    return Finding(pin, host, True, "listed in the repository's Packages index")
+
+
+# ---- one resolution of the final stage -------------------------------------------------------------------
+
+
+def uv_binary() -> str:
+    from uv import find_uv_bin
+
+    return find_uv_bin()
+
+
+UV_TREE = " \u00d7\u2570\u251c\u2500\u25b6\u2502"  # the marks uv draws its explanation with
+
+
+def check_resolution(
+    requirements: list[str],
+    python: str,
+    index_url: str,
+    extra_index_url: str | None,
+    sources: BuildSources,
+    timeout: float,
+) -> Finding:
+    pin = f"the final stage's {len(requirements)} pins, resolved together"
+    command = [uv_binary(), "pip", "compile", "-", "--quiet", "--no-header", "--python-version", python]
+    command += ["--python-platform", PLATFORM, "--index-strategy", "unsafe-best-match"]
+    env = os.environ | {"UV_HTTP_TIMEOUT": str(int(max(timeout, 1))), "UV_NO_CONFIG": "1", "NO_COLOR": "1"}
+    # the indexes in uv's environment, never its command line (`ps` shows that, and a URL may hold a token)
+    env |= {"UV_INDEX_URL": index_url} | ({"UV_EXTRA_INDEX_URL": extra_index_url} if extra_index_url else {})
+    env |= {"SSL_CERT_FILE": str(sources.ca_bundle)} if sources.ca_bundle else {}
+    result = subprocess.run(
+        command, input="\n".join(requirements) + "\n", capture_output=True, text=True, env=env, check=False
+    )
+    host = host_of(index_url) + (f", {host_of(extra_index_url)}" if extra_index_url else "")
+    if result.returncode != 0:
+        lines = [line.strip(UV_TREE) for line in result.stderr.splitlines()]
+        reason = " ".join(line for line in lines if line and not line.startswith("No solution found"))
+        for url in (index_url, extra_index_url or ""):
+            if (userinfo := split_userinfo(url)[1]) is not None:
+                reason = reason.replace(f"{userinfo}@", "")
+        return Finding(pin, host, False, reason or f"uv failed (exit {result.returncode})")
+    resolved = dict(re.findall(r"^([A-Za-z0-9._-]+)==(\S+)", result.stdout, re.MULTILINE))
+    numpy = f", numpy {resolved['numpy']}" if "numpy" in resolved else ""
+    return Finding(pin, host, True, f"one consistent set of {len(resolved)} packages for CPython {python}{numpy}")
+
+
+# ---- the recipe ------------------------------------------------------------------------------------------
+
+
+def final_requirements(recipe: RecipeHead, *, url_wheels: bool = True) -> list[str]:
+    """Every requirement the final image's pip steps name, in one list (vLLM by its wheel URL when the
+    recipe names one and URL_WHEELS)."""
+    requirements = [*recipe.torch.requirements()]  # type: ignore[attr-defined]
+    if vllm := getattr(recipe, "vllm", None):
+        requirements.append(f"vllm @ {vllm.wheel_url}" if vllm.wheel_url and url_wheels else f"vllm=={vllm.version}")
+    requirements += [f"verl=={recipe.verl.version}", *recipe.verl.requirements()]  # type: ignore[attr-defined]
+    requirements += recipe.runtime.pins_as_requirements()  # type: ignore[attr-defined]
+    return requirements
+
+
+def default_pip_index(sources: BuildSources) -> str:
+    """The index a build's pip uses: the build's own, else this host's pip's (its configuration or default)."""
+    if sources.pip_index_url:
+        return sources.pip_index_url
+    if os.environ.get("PIP_INDEX_URL"):
+        return os.environ["PIP_INDEX_URL"]
+    try:
+        from pip._internal.configuration import Configuration
+        from pip._internal.models.index import PyPI
+
+        configuration = Configuration(isolated=False)
+        configuration.load()
+        return dict(configuration.items()).get("global.index-url") or PyPI.simple_url
+    except Exception as error:  # pip's internals: any failure means only that it cannot tell
+        raise UsageError("cannot tell which package index this host's pip uses: give --pip-index-url") from error
+
+
+def check_recipe(
+    recipe: RecipeHead, sources: BuildSources, *, nvidia_repo_url: str = NVIDIA_CUDA_REPOS, timeout: float = 20
+) -> list[Finding]:
+    """Every pin of RECIPE asked of its upstream, in the recipe's order; each failure is a Finding, not an error."""
+    http = Http(sources.ca_bundle, timeout)
+    python = recipe.python.version  # type: ignore[attr-defined]
+    pip_index = default_pip_index(sources)
+    torch = recipe.torch  # type: ignore[attr-defined]
+    torch_index = sources.torch_index_url if torch.index else None
+    base = recipe.base
+    base_url = registry_manifest_url(base.image, base.digest)
+    checks: list[tuple[str, str, Callable[[], Finding]]] = [
+        (f"base {base.image}", base_url, lambda: check_base(http, base.image, base.digest))
+    ]
+
+    def on_index(index: str, name: str, version: str) -> tuple[str, str, Callable[[], Finding]]:
+        return (f"{name}=={version}", index, lambda: check_on_index(http, index, name, version, python))
+
+    python_component = recipe.python  # type: ignore[attr-defined]
+    checks += [on_index(pip_index, "pip", python_component.pip), on_index(pip_index, "uv", python_component.uv)]
+    checks += [on_index(torch_index or pip_index, name, version) for name, version in torch.pins().items()]
+    if cudnn := getattr(recipe, "cudnn", None):
+        repository = f"{nvidia_repo_url.rstrip('/')}/{cudnn.repository}"
+        packages = {"libcudnn8": cudnn.apt_version, "libcudnn8-dev": cudnn.apt_version}
+        checks.append(("cudnn", repository, lambda: check_apt_pin(http, repository, packages)))
+    if vllm := getattr(recipe, "vllm", None):
+        if vllm.wheel_url:
+            checks.append(
+                (
+                    f"vllm=={vllm.version}",
+                    vllm.wheel_url,
+                    lambda: check_url(http, f"vllm=={vllm.version}", vllm.wheel_url),
+                )
+            )
+        else:
+            checks.append(on_index(pip_index, "vllm", vllm.version))
+    checks.append(on_index(pip_index, "verl", recipe.verl.version))  # type: ignore[attr-defined]
+    checks += [on_index(pip_index, name, version) for name, version in recipe.verl.dependencies.items()]  # type: ignore[attr-defined]
+    if apex := getattr(recipe, "apex", None):
+        checks += [on_index(pip_index, name, version) for name, version in apex.build_requirements.items()]
+        pin, archive = f"apex {apex.commit[:12]} archive", apex.archive_pin()
+        checks.append((pin, sources.archive_url(archive), lambda: check_archive_pin(http, sources, pin, archive)))
+    checks += [on_index(pip_index, name, version) for name, version in recipe.runtime.requirements.items()]  # type: ignore[attr-defined]
+    resolution = final_requirements(recipe)
+    checks.append(
+        (
+            "resolution",
+            pip_index,
+            lambda: check_resolution(resolution, python, pip_index, torch_index, sources, timeout),
+        )
+    )
+
+    unique = list({(pin, where): (pin, where, ask) for pin, where, ask in checks}.values())  # setuptools twice
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(lambda check: asked(*check), unique))
+
+
+def asked(pin: str, where: str, ask: Callable[[], Finding]) -> Finding:
+    """ASK's finding; a host that gave no usable answer is a failed finding for PIN at WHERE, not an error."""
+    try:
+        return ask()
+    except UpstreamError as error:
+        return Finding(pin, host_of(where), False, str(error))
+
+
+def print_findings(findings: list[Finding], print_line: Callable[[str], None]) -> int:
+    """One line per pin, then one summary line; 0 when every pin is served, else 1."""
+    for finding in findings:
+        print_line(finding.line())
+    failed = [finding for finding in findings if not finding.served]
+    print_line(
+        f"{len(findings) - len(failed)} of {len(findings)} served" + (f"; {len(failed)} failed" if failed else "")
+    )
+    return 1 if failed else 0

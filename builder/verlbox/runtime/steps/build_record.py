@@ -1,0 +1,88 @@
+"""What each install step of a build put into the image: Python distributions with the sha256 of the
+file pip installed them from, and Debian packages with their versions. `verlbox lock` turns these
+records into the recipe's lock; `verlbox verify` compares an image with that lock.
+
+Standard library only: build_steps.py, which every installing step runs before verlbox is installed in
+the image, imports it from the same folder. Records hold names, versions, file names and hashes, never an
+index or mirror URL (an index URL may carry a token); only a URL the recipe itself names is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+RECORD_DIR = Path("/opt/verlbox/build-record")
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pip_record(report: dict) -> list[dict]:
+    """The distributions a `pip install --report` installed: name, version, file, sha256 (and a direct URL)."""
+    entries = []
+    for item in report.get("install", []):
+        metadata, download = item["metadata"], item.get("download_info", {})
+        url = download.get("url", "")
+        hashes = download.get("archive_info", {}).get("hashes", {})
+        entry = {
+            "name": _canonical(metadata["name"]),
+            "version": metadata["version"],
+            # the file's name only: an index's URL may carry a token in its userinfo or its query
+            "file": unquote(urlsplit(url).path.rsplit("/", 1)[-1]),
+            "sha256": hashes.get("sha256", ""),
+        }
+        if item.get("is_direct") and url.startswith("https://"):
+            entry["url"] = url.split("#", 1)[0]  # named by the recipe (validated: https, no credentials)
+        entries.append(entry)
+    return sorted(entries, key=lambda entry: entry["name"])
+
+
+def apt_record(before: str, after: str) -> list[dict]:
+    """Debian packages an apt step installed or changed: `dpkg-query -W -f '${Package}=${Version}\\n'` lists."""
+    old = set(before.split())
+    entries = []
+    for line in sorted(set(after.split()) - old):
+        name, _, version = line.partition("=")
+        entries.append({"name": name, "version": version})
+    return entries
+
+
+def requirement_lines(entries: list[dict]) -> list[str]:
+    """A pip requirements file that installs exactly these files: `--require-hashes --no-deps`."""
+    lines = []
+    for entry in entries:
+        target = f"{entry['name']} @ {entry['url']}" if "url" in entry else f"{entry['name']}=={entry['version']}"
+        lines.append(f"{target} --hash=sha256:{entry['sha256']}")
+    return lines
+
+
+def read_records(directory: Path = RECORD_DIR) -> dict[str, dict[str, list[dict]]]:
+    """All records of an image, by step: {"torch": {"pip": [...]}, "python": {"apt": [...], "pip": [...]}}."""
+    steps: dict[str, dict[str, list[dict]]] = {}
+    for path in sorted(directory.glob("*.json")):
+        step, _, kind = path.stem.rpartition(".")
+        steps.setdefault(step, {})[kind] = json.loads(path.read_text())
+    return steps
+
+
+def write_record(step: str, kind: str, entries: list[dict], directory: Path = RECORD_DIR) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{step}.{kind}.json").write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
+
+
+def main(argv: list[str]) -> int:
+    if argv != ["dump"]:
+        print("usage: python -m verlbox.runtime.steps.build_record dump", file=sys.stderr)
+        return 2
+    # the final image's own steps, and those of build stages whose output it carries (Apex's)
+    print(json.dumps(read_records() | read_records(RECORD_DIR / "builder"), sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,324 @@
+"""verl under watch: a crash restarts it (it resumes from its newest checkpoint) for as long as the run makes
+progress; a crash loop stops with its reason.
+
+Docker's `restart: on-failure:N` counts failures over the container's whole life, so three crashes spread
+over a week ended a run, and a preflight failure spent the same budget looping into the same error. Here the
+container's process stays up while verl restarts, so Docker restarts only what died with the machine (a
+reboot, a daemon restart). A run that cannot go on halts: under compose (VERLBOX_ON_HALT=wait) it holds, its
+reason in the log and in HALT_FILE for the healthcheck, instead of exiting into Docker's restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from verlbox.errors import RunHalted, UsageError
+from verlbox.runtime.training.environment import number
+from verlbox.runtime.training.progress import RunWatch
+
+# compose's healthcheck looks for it: a halted run shows as unhealthy in `docker compose ps`
+HALT_FILE = Path("/tmp/verlbox-halted")
+ON_HALT = "VERLBOX_ON_HALT"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# in the environment of verl and all it starts: what is still running after it has ended is found by it
+ATTEMPT_MARKER = "VERLBOX_ATTEMPT"
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """FAILURES failures within WINDOW_S seconds is a crash loop, and so is FAILURES failures in a row that
+    left no newer checkpoint (each attempt dies before its first save: restarting only repeats it)."""
+
+    failures: int = 3
+    window_s: float = 900.0
+    delay_s: float = 30.0  # before a restart: GPU memory of the dead processes is freed, a shared folder settles
+    # a stop that comes while verl writes a checkpoint waits this long for it (compose's stop_grace_period is longer)
+    save_grace_s: float = 240.0
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> RestartPolicy:
+        return cls(
+            failures=int(number(environ, "VERLBOX_RESTART_FAILURES", cls.failures, minimum=1, whole=True)),
+            window_s=number(environ, "VERLBOX_RESTART_WINDOW_S", cls.window_s, minimum=0),
+            delay_s=number(environ, "VERLBOX_RESTART_DELAY_S", cls.delay_s, minimum=0),
+            save_grace_s=number(environ, "VERLBOX_SAVE_GRACE_S", cls.save_grace_s, minimum=0),
+        )
+
+    def halt_reason(self, attempts: Sequence[Attempt]) -> str | None:
+        """Why the run stops after these failed attempts (oldest first); None: restart it."""
+        last = attempts[-1]
+        recent = [a for a in attempts if a.ended_at >= last.ended_at - self.window_s]
+        if len(recent) >= self.failures:
+            return f"{len(recent)} failures within {show_duration(self.window_s)}: a crash loop"
+        tail = attempts[-self.failures :]
+        if len(tail) == self.failures and not any(a.progressed for a in tail):
+            return f"{self.failures} failures in a row, none after a new checkpoint: every restart dies before saving"
+        return None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One failed run of verl."""
+
+    exit_code: int
+    ran_s: float
+    ended_at: float
+    progressed: bool  # a newer complete checkpoint than the one it started from
+
+
+def show_duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code}"
+
+
+class StopRequest:
+    """The signals that stop the run (docker stop's SIGTERM, Ctrl-C), passed on to verl's process group; a
+    second one kills the group at once."""
+
+    def __init__(self, holds_off: Callable[[], bool] = lambda: False) -> None:
+        self.signal: int | None = None
+        self.child: subprocess.Popen[bytes] | None = None
+        self.held_since: float | None = None  # a stop kept from verl while HOLDS_OFF said so (a save running)
+        self._holds_off = holds_off
+        self._event = threading.Event()
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopRequest:
+        for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        again = self.signal is not None
+        self.signal = signum
+        self._event.set()
+        if again:
+            self._send(signal.SIGKILL)
+        elif self.child is not None and self._holds_off():
+            self.held_since = time.monotonic()
+        else:
+            self._send(signum)
+
+    def _send(self, signum: int) -> None:
+        self.held_since = None
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # the group has ended already
+                os.killpg(self.child.pid, signum)
+
+    def started(self, child: subprocess.Popen[bytes]) -> None:
+        """CHILD is the one to stop; a signal that came while it was being started is passed on now."""
+        self.child = child
+        if self.signal is not None:
+            self._send(self.signal)
+
+    def release(self, grace_s: float) -> None:
+        """Pass a held stop on once verl's save is written, or once GRACE_S seconds have gone by."""
+        if self.held_since is None or self.signal is None:
+            return
+        if not self._holds_off() or time.monotonic() - self.held_since > grace_s:
+            self._send(self.signal)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to SECONDS; True when a stop signal came."""
+        return self._event.wait(seconds)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signal or 0)
+
+
+def supervise(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    policy: RestartPolicy,
+    *,
+    newest_step: Callable[[], int | None],
+    before_restart: Callable[[str, int | None], None],
+    say: Callable[[str], None],
+    watch: RunWatch | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Run COMMAND until it succeeds (0), is stopped by a signal (128 + the signal), or halts (RunHalted).
+    With WATCH, verl's output goes through it, and a stop that comes during a save waits for the save."""
+    attempts: list[Attempt] = []
+    with StopRequest(holds_off=lambda: watch is not None and watch.saving) as stop:
+        while True:
+            if stop.signal is not None:  # asked to stop while the last attempt was being cleaned up after
+                return stop.exit_code
+            started_from = newest_step()
+            started = clock()
+            code = run_attempt(command, env, stop, policy.save_grace_s, watch, say)
+            if code == 0:
+                return 0
+            if stop.signal is not None:
+                say(f"verl stopped ({describe_exit(code)}) on {signal.Signals(stop.signal).name}")
+                return stop.exit_code
+            saved = newest_step()
+            ended = clock()
+            attempts.append(Attempt(code, ended - started, ended, saved is not None and saved != started_from))
+            where = f"global_step_{saved}" if saved is not None else "the start (no complete checkpoint)"
+            reason = policy.halt_reason(attempts)
+            if reason:
+                raise RunHalted(
+                    f"verl failed ({describe_exit(code)} after {show_duration(ended - started)}); {reason}, so it is "
+                    f"not restarted: the cause is in the lines above. Fixed, the next start resumes from {where}"
+                )
+            say(
+                f"verl failed ({describe_exit(code)} after {show_duration(ended - started)}); restart "
+                f"{len(attempts)} in {show_duration(policy.delay_s)}, resuming from {where}"
+            )
+            if stop.wait(policy.delay_s):
+                return stop.exit_code
+            before_restart(describe_exit(code), saved)
+
+
+def run_attempt(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    stop: StopRequest,
+    save_grace_s: float,
+    watch: RunWatch | None,
+    say: Callable[[str], None],
+) -> int:
+    """One run of verl, in a process group of its own (a stop reaches what it started, not only the driver),
+    and marked: whatever it leaves behind (Ray's processes, a worker that left the group) is ended after it."""
+    marker = f"{os.getpid()}-{secrets.token_hex(8)}"
+    output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if watch else {}
+    child_env = dict(env) | {ATTEMPT_MARKER: marker} | ({"PYTHONUNBUFFERED": "1"} if watch else {})
+    child = subprocess.Popen(list(command), env=child_env, start_new_session=True, **output)  # type: ignore[call-overload]
+    stop.started(child)
+    reader = watch.follow(child.stdout) if watch and child.stdout else None
+    told = False
+    while True:
+        try:
+            code = child.wait(timeout=0.5)
+            break
+        except subprocess.TimeoutExpired:
+            reap_orphans(keep=child.pid)
+            if stop.held_since is not None and not told:
+                say(f"stopping once verl has written the checkpoint it is saving (at most {save_grace_s:.0f} s)")
+                told = True
+            stop.release(save_grace_s)
+    left = end_leftovers(marker)
+    if left:
+        say(f"ended {left} process(es) verl left running")
+    if reader:
+        reader.join(timeout=5)  # its end of the pipe is closed once the last holder has gone
+    return code
+
+
+def processes_marked(marker: str) -> list[int]:
+    """The processes whose environment carries MARKER (as a CI server finds a job's processes): those started
+    under verl keep it, whichever group or parent they have by now."""
+    wanted = f"{ATTEMPT_MARKER}={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environment = (entry / "environ").read_bytes()
+        except OSError:  # gone, or not ours
+            continue
+        if wanted in environment.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def end_leftovers(marker: str, grace_s: float = 10.0) -> int:
+    """End every process marked MARKER: SIGTERM, then SIGKILL for those still there after GRACE_S seconds."""
+    first = processes_marked(marker)
+    for pid in first:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while (remaining := processes_marked(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in remaining:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    # what was killed here and had become this process's child (as PID 1) is collected once it has died
+    deadline = time.monotonic() + 5.0
+    while (children := children_of(os.getpid())) and any(children.get(pid, "Z") != "Z" for pid in remaining):
+        if time.monotonic() > deadline:  # one stuck in the kernel (D state): collected after a later attempt
+            break
+        time.sleep(0.05)
+    reap_orphans()
+    return len(first)
+
+
+def reap_orphans(keep: int | None = None) -> None:
+    """Collect this process's exited children other than KEEP (verl itself, which Popen waits for). As a
+    container's PID 1 (`docker run` without --init) every orphan of the container becomes its child, and
+    an exited one stays a zombie until collected. (`train` starts no other child while verl runs: one it
+    did would lose its exit status here.)"""
+    for pid, state in children_of(os.getpid()).items():
+        if state == "Z" and pid != keep:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+
+def children_of(parent: int) -> dict[int, str]:
+    """PARENT's children with their state ("Z": exited and not yet collected), from /proc."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:  # the fields after the command name, which may itself hold spaces or parentheses
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # not a process, or gone
+            continue
+        if fields[1] == str(parent):
+            found[int(entry.name)] = fields[0]
+    return found
+
+
+def holds(environ: Mapping[str, str]) -> bool:
+    value = environ.get(ON_HALT, "exit")
+    if value not in ("exit", "wait"):
+        raise UsageError(f"{ON_HALT}={value}: expected exit (the default) or wait (compose: no restart into it)")
+    return value == "wait"
+
+
+def clear_halt() -> None:
+    HALT_FILE.unlink(missing_ok=True)
+
+
+def hold(exit_code: int, reason: str, say: Callable[[str], None]) -> int:
+    """Stay up with the reason on record until stopped, then exit with EXIT_CODE: an exit would have Docker
+    restart the container into the same failure."""
+    try:
+        HALT_FILE.write_text(reason + "\n")
+    except OSError as exc:
+        say(f"halted; cannot write {HALT_FILE} for the healthcheck ({exc.strerror or exc})")
+    say(
+        "halted: holding here (no restart into the same failure); after fixing it: "
+        "`docker compose up -d --force-recreate train`, or stop with `docker compose down`"
+    )
+    with StopRequest() as stop:
+        while not stop.wait(3600):
+            pass
+    return exit_code
