@@ -9,7 +9,6 @@ host's commands and `fetch`, which also runs in the image.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,10 +51,8 @@ class RunFolder:
 
     @property
     def described(self) -> str:
+        """What a command says of the folder it used."""
         return f"run folder {self.path}{' (its .env)' if self.settings else ''}"
-
-    def announce(self, say: Callable[[str], None]) -> None:
-        say(self.described)
 
 
 def is_run_folder(path: Path) -> bool:

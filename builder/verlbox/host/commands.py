@@ -445,7 +445,7 @@ def _checkpoints_folder(args: argparse.Namespace) -> Path:
     if not folder.is_dir():
         raise UsageError(f"{folder}: not a folder; give the checkpoints folder of a run folder")
     if run:
-        run.announce(lambda text: err.print(text, markup=False))
+        err.print(run.described, markup=False)
     return folder
 
 

@@ -120,7 +120,7 @@ def fetch(args: argparse.Namespace) -> int:
     run = None if in_image else find_run_folder(args.run)
     if run and (run.settings or not args.out):  # it is read: its settings, as compose gives them to train
         environ = {key: value for key, value in run.settings.items() if value} | environ  # the shell's own win
-        run.announce(lambda text: err.print(text, markup=False))
+        err.print(run.described, markup=False)
     source = hub.source_from_environment(args.what, environ, args.repo, args.revision)
     if args.out:
         target = Path(args.out)
@@ -131,12 +131,12 @@ def fetch(args: argparse.Namespace) -> int:
             f"fetch {args.what}: give --out DIR, or run it in a run folder (or with --run DIR) to fill that folder's "
             f"{'models/NAME' if args.what == 'model' else 'data/gsm8k-raw'}"
         )
-    elif source != hub.source_from_environment(args.what, environ, None, source.revision):
+    elif source.repo != (configured := hub.source_from_environment(args.what, environ).repo):
         # the run folder's folder is for the repository its .env names: train would refuse another one there
         key = f"VERLBOX_{args.what.upper()}_REPO"
         raise UsageError(
-            f"--repo {args.repo}: the run folder's {args.what} folder holds {key} "
-            f"({hub.source_from_environment(args.what, environ).repo}); give --out DIR, or set {key} in its .env"
+            f"--repo {args.repo}: the run folder's {args.what} folder holds {key} ({configured}); "
+            f"give --out DIR, or set {key} in its .env"
         )
     else:
         target = run.fetch_target(args.what)

@@ -28,10 +28,10 @@ from verlbox.dotenv import dotenv_values
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.building.build import image_for
 
-# compose's `!reset` (compose >= 2.24) drops the GPU reservation and nothing else: mounts, user,
-# environment and shared memory stay train's own
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
+# compose's `!reset` (compose >= 2.24) drops the GPU reservation and nothing else: mounts, user,
+# environment and shared memory stay train's own
 NO_GPU_OVERRIDE = "services:\n  train:\n    deploy: !reset null\n"
 PROJECT_LABEL = "com.docker.compose.project"
 

@@ -41,7 +41,7 @@ from verlbox.host.clients.engine import docker_output, require_cli
 from verlbox.host.clients.reference import full_name
 from verlbox.host.recipes.lock import Lock, LockStep
 from verlbox.host.recipes.schema import Digest, ImageReference, Sha256, Slug, Strict, fault_lines
-from verlbox.runtime.steps.apex_build import SOURCE_RECORD, file_sha256
+from verlbox.runtime.steps.apex_build import SOURCE_RECORD, _version_tuple, file_sha256  # its own version rule
 from verlbox.runtime.steps.build_steps import DEBIAN_KEYRING
 
 BUNDLE_FORMAT = 1
@@ -461,7 +461,7 @@ def _check_source_record(plan: BuildPlan, bundle: Path, manifest: Manifest, show
         applies = [
             patch["id"]
             for patch in expected["build_patches"]
-            if _version(record["nvcc"]) >= _version(patch.get("min_cuda", "0"))
+            if _version_tuple(record["nvcc"]) >= _version_tuple(patch.get("min_cuda", "0"))
         ]
         if record["build_patches"] != applies:
             faults.append(
@@ -469,10 +469,6 @@ def _check_source_record(plan: BuildPlan, bundle: Path, manifest: Manifest, show
             )
     if faults:
         raise UsageError(f"{shown / path}: {faults[0]}: not the record of the recipe's Apex compile")
-
-
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split("."))
 
 
 def _check_step_record(path: Path, lock: Lock, shown: Path) -> None:
