@@ -152,7 +152,8 @@ def test_a_locked_step_installs_its_slice_by_hash_and_records_the_slice(
         "six", ["six"], {"SOURCE_DATE_EPOCH": "1700000000"}, offline=True, tools=tools, records=records
     )
     ((command, env),) = commands
-    assert command[:5] == ["uv", "pip", "install", "--no-deps", "--require-hashes"] and "six" not in command
+    assert command[:6] == ["uv", "pip", "install", "--no-deps", "--require-hashes", "--no-build"]
+    assert "six" not in command
     assert env["UV_LINK_MODE"] == "copy" and compiled == [(["six"], 1700000000)]
     assert json.loads((records / "six.pip.json").read_text()) == entries
     with pytest.raises(StepError, match="the lock has no Python files for step other"):

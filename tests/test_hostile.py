@@ -3,6 +3,7 @@ code, no traceback and nothing written; values that are valid but odd reach the 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -10,6 +11,8 @@ import os
 import shutil
 import subprocess
 import tarfile
+import venv
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import pytest
 import yaml
 
 from conftest import REPO, run_verlbox
+from standins import serve_files
 from test_bundle import write_bundle
 from verlbox.errors import BAD_INPUT, UsageError
 from verlbox.host.building.plan import BuildPlan
@@ -35,6 +39,7 @@ from verlbox.host.trust.bundle import (
     offline_repository,
     read_manifest,
 )
+from verlbox.runtime.steps import build_steps
 from verlbox.runtime.training.overrides import OverrideError, override_int
 
 SHIPPED = REPO / "recipes"
@@ -692,3 +697,127 @@ def test_a_mirror_token_reaches_neither_the_command_line_nor_the_base_nor_the_ou
     with pytest.raises(UsageError) as refused:
         bootstrap.choose_mirror(f"ftp://ci:{token}@mirror.invalid/debian?key={token}")
     assert token not in str(refused.value)
+
+
+def _wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    """A wheel of FILES with its dist-info (METADATA, WHEEL, RECORD with each file's hash)."""
+    info = f"{name}-{version}.dist-info"
+    files = files | {
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: verlbox-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = [f"{path},sha256={_record_digest(text.encode())},{len(text.encode())}" for path, text in files.items()]
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, text in files.items():
+            archive.writestr(member, text)
+    return path
+
+
+def _record_digest(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+# an in-tree PEP 517 backend: the sdist builds with nothing but itself, so an install that fetches the
+# backend it declares (setuptools) does so only because its build is isolated
+_TREE_BACKEND = """
+import base64, hashlib, zipfile
+def _digest(data):
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    info = "tinysdist-1.0.dist-info"
+    files = {"tinysdist.py": b"BUILT = True\\n",
+             info + "/METADATA": b"Metadata-Version: 2.1\\nName: tinysdist\\nVersion: 1.0\\n",
+             info + "/WHEEL": b"Wheel-Version: 1.0\\nGenerator: tree\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"}
+    record = [f"{p},sha256={_digest(d)},{len(d)}" for p, d in files.items()] + [info + "/RECORD,,"]
+    files[info + "/RECORD"] = ("\\n".join(record) + "\\n").encode()
+    name = "tinysdist-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel_directory + "/" + name, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+    return name
+"""
+
+
+def _sdist(folder: Path) -> Path:
+    files = {
+        "pyproject.toml": '[build-system]\nrequires = ["setuptools>=40"]\n'
+        'build-backend = "tree_backend"\nbackend-path = ["."]\n\n[project]\nname = "tinysdist"\nversion = "1.0"\n',
+        "tree_backend.py": _TREE_BACKEND,
+        "PKG-INFO": "Metadata-Version: 2.1\nName: tinysdist\nVersion: 1.0\n",
+    }
+    path = folder / "tinysdist-1.0.tar.gz"
+    with tarfile.open(path, "w:gz") as archive:
+        for name, text in files.items():
+            info = tarfile.TarInfo(f"tinysdist-1.0/{name}")
+            info.size = len(text.encode())
+            archive.addfile(info, io.BytesIO(text.encode()))
+    return path
+
+
+def _simple_index(folder: Path) -> dict[str, bytes]:
+    """A PEP 503 index of FOLDER's files: /simple/NAME/ pages and /files/FILE."""
+    files = {f"/files/{path.name}": path.read_bytes() for path in folder.iterdir()}
+    pages: dict[str, list[str]] = {}
+    for path in folder.iterdir():
+        pages.setdefault(path.name.split("-")[0], []).append(path.name)
+    for name, names in pages.items():
+        links = "".join(f'<a href="/files/{file}#sha256={_sha256(folder / file)}">{file}</a>' for file in names)
+        files[f"/simple/{name}/"] = f"<html><body>{links}</body></html>".encode()
+    return files
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="needs uv (the test extra installs the image's version)")
+@pytest.mark.parametrize(
+    ("installer", "served_by"), [("uv", "bundle folder"), ("uv", "hostile index"), ("pip", "bundle folder")]
+)
+def test_a_locked_sdist_is_built_with_no_build_tool_from_the_folder_or_index(
+    tmp_path: Path, installer: str, served_by: str
+) -> None:
+    """Issue 32's first finding: beside the lock's files, the bundle's folder (offline) or the mirror
+    (online) serves a setuptools-99 whose .pth runs in any interpreter of an environment it is installed in.
+    The locked step installs its wheel by hash and builds its sdist, and that setuptools never runs."""
+    marker, wheels, tools = tmp_path / "hostile-code-ran", tmp_path / "wheels", tmp_path / "tools"
+    wheels.mkdir()
+    (tools / "lock").mkdir(parents=True)
+    hostile_line = f"import pathlib; pathlib.Path({str(marker)!r}).write_text('ran')\n"
+    _wheel(wheels, "setuptools", "99.0.0", {"setuptools/__init__.py": "", "zz_hostile.pth": hostile_line})
+    locked = [_wheel(wheels, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = True\n"}), _sdist(wheels)]
+    entries = [
+        {"name": path.name.split("-")[0], "version": "1.0", "file": path.name, "sha256": _sha256(path)}
+        for path in locked
+    ]
+    (tools / "lock" / "deps.pip.txt").write_text(
+        "".join(f"{e['name']}=={e['version']} --hash=sha256:{e['sha256']}\n" for e in entries)
+    )
+    (tools / "lock" / "deps.pip.json").write_text(json.dumps(entries))
+    target, records = tmp_path / "env", tmp_path / "records"
+    venv.create(target, with_pip=installer == "pip")
+    offline = served_by == "bundle folder"
+    base = {"PATH": os.environ["PATH"], "VIRTUAL_ENV": str(target), "UV_CACHE_DIR": str(tmp_path / "uv-cache")}
+    with serve_files(_simple_index(wheels)) as url, pytest.MonkeyPatch.context() as patch:
+        secrets = build_steps.Secrets(pip_index_url=f"{url}/simple/")
+        env = build_steps.pip_environment(secrets, offline=offline, index=None, extra_index=None, base=base)
+        if offline:
+            env |= {"UV_FIND_LINKS": str(wheels), "PIP_FIND_LINKS": str(wheels)}
+        if installer == "pip":  # an image without uv: its own python's pip
+            patch.setattr(build_steps.shutil, "which", lambda name: None)
+            patch.setattr(build_steps.sys, "executable", str(target / "bin" / "python"))
+        patch.setattr(build_steps, "compile_bytecode", lambda names, epoch: None)  # the image's own environment
+        build_steps.install_python("deps", [], env, offline=offline, tools=tools, records=records)
+    installed = subprocess.run(
+        [str(target / "bin" / "python"), "-c", "import tinysdist, tinywheel; print(tinysdist.BUILT, tinywheel.WHEEL)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert installed.stdout.split() == ["True", "True"]
+    assert not marker.exists(), "a build tool the lock does not pin ran"
+    assert json.loads((records / "deps.pip.json").read_text()) == entries
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -124,19 +124,15 @@ def install_python(
     requirements, record = tools / "lock" / f"{step}.pip.txt", tools / "lock" / f"{step}.pip.json"
     if requirements.is_file():
         entries = json.loads(record.read_text())
+        lines = requirements.read_text().splitlines()
+        if len(lines) != len(entries):
+            raise StepError(f"the lock's slice for step {step} has {len(lines)} lines for {len(entries)} files")
+        wheels, sdists = locked_slices(entries, lines)
+        for part, sources in ((wheels, False), (sdists, True)):
+            if part:
+                install_locked(part, env, sources=sources)
         if shutil.which("uv"):
-            # uv leaves lock files with random names in its temporary folder (from building an sdist): a
-            # folder of its own keeps them out of the layer. Its --compile-bytecode would compile the whole
-            # environment at every step (about 35 s each here): compile_bytecode does this step's files.
-            with tempfile.TemporaryDirectory() as scratch:
-                command = ["uv", "pip", "install", "--no-deps", "--require-hashes", "-r", str(requirements)]
-                run(command, env=env | {"TMPDIR": scratch, "UV_LINK_MODE": "copy"})
             compile_bytecode([entry["name"] for entry in entries], int(env.get("SOURCE_DATE_EPOCH") or 0))
-        else:
-            run(
-                [sys.executable, "-m", "pip", "install", "--no-deps", "--require-hashes", "-r", str(requirements)],
-                env=env,
-            )
         build_record.write_record(step, "pip", entries, records)
     elif offline:
         raise StepError(f"the lock has no Python files for step {step}: an offline build installs only the lock")
@@ -146,6 +142,33 @@ def install_python(
             report = Path(scratch) / "report.json"
             run([sys.executable, "-m", "pip", "install", *options, "--report", str(report), *arguments], env=env)
             build_record.write_record(step, "pip", build_record.pip_record(json.loads(report.read_text())), records)
+
+
+def locked_slices(entries: list[dict], lines: list[str]) -> tuple[list[str], list[str]]:
+    """The slice's requirement lines split into its wheels and its source archives (sdists)."""
+    wheels = [line for entry, line in zip(entries, lines) if entry["file"].endswith(".whl")]
+    sources = [line for entry, line in zip(entries, lines) if not entry["file"].endswith(".whl")]
+    return wheels, sources
+
+
+def install_locked(lines: list[str], env: dict[str, str], *, sources: bool) -> None:
+    """Install LINES (`NAME==VERSION --hash=...`) by hash, without dependencies, running no code the lock
+    does not pin. Wheels: building is refused outright. Sdists: built without build isolation, so with the
+    build tools the lock already installed (the step's wheels go first): an isolated build would fetch its
+    backend (setuptools, wheel) unhashed from the index or the bundle's folder, and run it."""
+    build = ["--no-build-isolation"] if sources else None
+    with tempfile.TemporaryDirectory() as scratch:
+        requirements = Path(scratch) / "requirements.txt"
+        requirements.write_text("\n".join(lines) + "\n")
+        if shutil.which("uv"):
+            # uv leaves lock files with random names in its temporary folder (from building an sdist): a
+            # folder of its own keeps them out of the layer. Its --compile-bytecode would compile the whole
+            # environment at every step (about 35 s each here): compile_bytecode does this step's files.
+            command = ["uv", "pip", "install", "--no-deps", "--require-hashes", *(build or ["--no-build"])]
+            run([*command, "-r", str(requirements)], env=env | {"TMPDIR": scratch, "UV_LINK_MODE": "copy"})
+        else:
+            command = [sys.executable, "-m", "pip", "install", "--no-deps", "--require-hashes"]
+            run([*command, *(build or ["--only-binary", ":all:"]), "-r", str(requirements)], env=env)
 
 
 def pip_with_report(arguments: list[str], env: dict[str, str]) -> list[str]:
