@@ -124,10 +124,7 @@ def install_python(
     requirements, record = tools / "lock" / f"{step}.pip.txt", tools / "lock" / f"{step}.pip.json"
     if requirements.is_file():
         entries = json.loads(record.read_text())
-        lines = requirements.read_text().splitlines()
-        if len(lines) != len(entries):
-            raise StepError(f"the lock's slice for step {step} has {len(lines)} lines for {len(entries)} files")
-        wheels, sdists = locked_slices(entries, lines)
+        wheels, sdists = locked_slices(step, entries, requirements.read_text().splitlines())
         for part, sources in ((wheels, False), (sdists, True)):
             if part:
                 install_locked(part, env, sources=sources)
@@ -144,11 +141,15 @@ def install_python(
             build_record.write_record(step, "pip", build_record.pip_record(json.loads(report.read_text())), records)
 
 
-def locked_slices(entries: list[dict], lines: list[str]) -> tuple[list[str], list[str]]:
-    """The slice's requirement lines split into its wheels and its source archives (sdists)."""
-    wheels = [line for entry, line in zip(entries, lines) if entry["file"].endswith(".whl")]
-    sources = [line for entry, line in zip(entries, lines) if not entry["file"].endswith(".whl")]
-    return wheels, sources
+def locked_slices(step: str, entries: list[dict], lines: list[str]) -> tuple[list[str], list[str]]:
+    """STEP's requirement LINES (one per lock entry, in order) split into its wheels and its sdists."""
+    if len(lines) != len(entries):
+        raise StepError(f"the lock's slice for step {step} has {len(lines)} lines for {len(entries)} files")
+    wheels: list[str] = []
+    sdists: list[str] = []
+    for index, entry in enumerate(entries):  # no zip(strict=): this runs on Python 3.9
+        (wheels if entry["file"].endswith(".whl") else sdists).append(lines[index])
+    return wheels, sdists
 
 
 def install_locked(lines: list[str], env: dict[str, str], *, sources: bool) -> None:
