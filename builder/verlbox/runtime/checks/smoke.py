@@ -336,8 +336,9 @@ def _ppo_batch(vocab_size: int, batch: int = 2, prompt: int = 8, response: int =
     )
 
 
-def check_actor_critic_cpu(ctx: SmokeContext) -> str:
-    """verl's own actor/critic classes on the plain modules: FSDP wrapping needs a GPU."""
+def _cpu_actor_critic(ctx: SmokeContext) -> tuple[object, object, object]:
+    """verl's own actor and critic classes (DataParallelPPOActor/Critic) on the plain fp32 modules of the
+    profile's config: FSDP wrapping needs a GPU. Returns (config, actor, critic)."""
     import torch
     import torch.distributed as dist
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -361,17 +362,81 @@ def check_actor_critic_cpu(ctx: SmokeContext) -> str:
     loaded = {f"{name} {m.dtype} {m.config._attn_implementation}" for name, m in (("actor", actor), ("critic", critic))}
     if loaded != {f"actor torch.float32 {attention}", f"critic torch.float32 {attention}"}:
         raise AssertionError(f"models loaded as {sorted(loaded)}")
-    batch = _ppo_batch(actor_config.vocab_size).batch
+    return (
+        config,
+        DataParallelPPOActor(config.actor_rollout_ref.actor, actor),
+        DataParallelPPOCritic(config.critic, critic, None),
+    )
+
+
+def check_actor_critic_cpu(ctx: SmokeContext) -> str:
+    import torch
+
+    _, actor, critic = _cpu_actor_critic(ctx)
+    batch = _ppo_batch(actor.actor_module.config.vocab_size).batch
     # compute_log_prob/compute_values are wrapped in verl's GPUMemoryLogger, which reads CUDA memory
     # counters; their per-micro-batch step is the same computation and runs on the CPU.
-    _, log_probs = DataParallelPPOActor(config.actor_rollout_ref.actor, actor)._forward_micro_batch(batch, 1.0)
-    values = DataParallelPPOCritic(config.critic, critic, None)._forward_micro_batch(batch)
+    _, log_probs = actor._forward_micro_batch(batch, 1.0)
+    values = critic._forward_micro_batch(batch)
     if not (torch.isfinite(log_probs).all() and torch.isfinite(values).all()):
         raise AssertionError("non-finite log-probs or values")
     return (
         f"actor log-prob mean {log_probs.mean().item():.3f}, critic value mean {values.mean().item():.3f} "
         "(fp32 on CPU through verl's DataParallelPPOActor/Critic._forward_micro_batch: the public "
         "compute_log_prob/compute_values read GPU memory counters, and FSDP wrapping needs a GPU)"
+    )
+
+
+def _left_right_padded_batch(vocab_size: int) -> object:
+    """Two rows as verl lays them out: prompts padded on the left, responses on the right; the first two
+    prompt columns and the last three response columns are padding in both rows."""
+    import torch
+
+    real = torch.tensor(
+        [[0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0]]
+    )
+    batch = _ppo_batch(vocab_size, prompt=8, response=8).batch
+    batch["attention_mask"] = real
+    batch["position_ids"] = (real.cumsum(-1) - 1).clamp(min=0)
+    batch["input_ids"] = batch["input_ids"] * real
+    batch["responses"] = batch["input_ids"][:, 8:]
+    return batch
+
+
+def check_padding_trim(ctx: SmokeContext) -> str:
+    """The patched actor and critic with the profile's trim_padding against the same classes without it:
+    the same log-probs and values at every real response position, zeros where columns were cut."""
+    from verlbox.runtime.training.padding import PaddingTrim
+
+    config, actor, critic = _cpu_actor_critic(ctx)
+    sections = (config.actor_rollout_ref.actor, config.critic)
+    if not all(section.get("trim_padding") for section in sections):
+        raise AssertionError("the profile does not set trim_padding for the actor and the critic")
+    batch = _left_right_padded_batch(actor.actor_module.config.vocab_size)
+    trim = PaddingTrim.of(batch["attention_mask"], 8)
+    if (trim.left, trim.right) != (2, 3):
+        raise AssertionError(f"expected 2 prompt and 3 response columns cut, PaddingTrim says {trim}")
+    trimmed = (actor._forward_micro_batch(batch, 1.0)[1], critic._forward_micro_batch(batch))
+    try:
+        for section in sections:
+            section.trim_padding = False
+        full = (actor._forward_micro_batch(batch, 1.0)[1], critic._forward_micro_batch(batch))
+    finally:
+        for section in sections:
+            section.trim_padding = True
+    response_mask = batch["attention_mask"][:, 8:].bool()
+    differences = []
+    for name, cut, whole in zip(("log-probs", "values"), trimmed, full, strict=True):
+        if cut.shape != whole.shape or cut[:, -trim.right :].abs().max().item() != 0:
+            raise AssertionError(f"trimmed {name}: shape {tuple(cut.shape)}, cut columns not zero")
+        differences.append((cut - whole)[response_mask].abs().max().item())
+    if max(differences) > 1e-4:
+        raise AssertionError(
+            f"trimmed and full differ at real positions: log-probs {differences[0]:.1e}, values {differences[1]:.1e}"
+        )
+    return (
+        f"{trim.left} prompt and {trim.right} response columns of 16 cut; real positions agree "
+        f"(log-probs within {differences[0]:.1e}, values within {differences[1]:.1e})"
     )
 
 
@@ -593,6 +658,7 @@ CPU_CHECKS: list[tuple[str, Callable[[SmokeContext], str]]] = [
     ("profile composes with verl", check_profile),
     ("GSM8K prep + verl dataset", check_gsm8k_dataset),
     ("actor log-prob + critic value (CPU)", check_actor_critic_cpu),
+    ("padding trim keeps outputs (CPU)", check_padding_trim),
     ("train --dry-run", check_dry_run),
 ]
 GPU_CHECKS: list[tuple[str, Callable[[SmokeContext], str]]] = [
