@@ -26,6 +26,7 @@ from verlbox.errors import BAD_INPUT, UsageError
 from verlbox.host.building.plan import BuildPlan
 from verlbox.host.building.render import render_dockerfile
 from verlbox.host.clients.reference import parse_tag
+from verlbox.host.recipes.basetree import saved_tree_digest
 from verlbox.host.recipes.lock import Lock, PipEntry
 from verlbox.host.recipes.recipe import load_recipe
 from verlbox.host.trust.bundle import (
@@ -578,10 +579,16 @@ def test_symlinks_in_a_bundle_or_as_the_bundle_are_refused(tmp_path: Path) -> No
 
 
 def _saved_archive(
-    path: Path, image_id: str, tags: list[str], packages: list[str], images: int = 1, index_name: str | None = None
+    path: Path,
+    image_id: str,
+    tags: list[str],
+    packages: list[str],
+    images: int = 1,
+    index_name: str | None = None,
+    extra: dict[str, bytes] | None = None,
 ) -> Path:
     """An archive laid out as `docker save` writes it (manifest.json, OCI blobs, index.json): one layer whose
-    dpkg status lists PACKAGES as installed."""
+    dpkg status lists PACKAGES as installed, and EXTRA files."""
 
     def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
         info = tarfile.TarInfo(name)
@@ -594,6 +601,8 @@ def _saved_archive(
     layer = io.BytesIO()
     with tarfile.open(fileobj=layer, mode="w") as inner:
         add(inner, "./var/lib/dpkg/status", status.encode())  # as `tar -C root -cf - .` names it
+        for name, data in (extra or {}).items():
+            add(inner, name, data)
     config = image_id.removeprefix("sha256:")
     entry = {"Config": f"blobs/sha256/{config}", "RepoTags": tags, "Layers": ["blobs/sha256/layer"]}
     index = {"manifests": [{"annotations": {"io.containerd.image.name": index_name}}]} if index_name else {}
@@ -617,23 +626,30 @@ def test_base_tar_is_read_before_it_is_loaded(tmp_path: Path) -> None:
         arguments: dict = {"image_id": wanted, "tags": [BUNDLE_BASE], "packages": packages} | changes
         _saved_archive(archive, **arguments)
         with pytest.raises(UsageError) as refused:
-            check_base_archive(archive, manifest, plan.lock)
+            check_base_archive(archive, manifest, lock)
         return str(refused.value)
 
     _saved_archive(archive, wanted, [BUNDLE_BASE], packages, index_name=f"docker.io/{BUNDLE_BASE}")
-    check_base_archive(archive, manifest, plan.lock)  # the genuine layout passes
+    with tarfile.open(archive) as genuine:  # a lock that pins this archive's files as its base's
+        lock = plan.lock.model_copy(
+            update={"base": plan.lock.base.model_copy(update={"tree": saved_tree_digest(genuine)})}
+        )
+    check_base_archive(archive, manifest, lock)  # the genuine layout passes
     # a registry base: Docker writes an official image's full name into index.json
     official = manifest.model_copy(update={"base": manifest.base.model_copy(update={"reference": "debian:bookworm"})})
     _saved_archive(archive, wanted, ["debian:bookworm"], packages, index_name="docker.io/library/debian:bookworm")
-    check_base_archive(archive, official, plan.lock)
+    check_base_archive(archive, official, lock)
     assert "would tag debian:bookworm-slim" in refusal(tags=[BUNDLE_BASE, "debian:bookworm-slim"])
     assert "would tag mine:latest" in refusal(index_name="mine:latest")
     assert "holds 2 images" in refusal(images=2)
     assert f"not the bundle's base {wanted}" in refusal(image_id="sha256:" + "9" * 64)
     assert "packages differ from the lock's base, e.g. evil=1" in refusal(packages=[*packages, "evil=1"])
+    # issue 32: the lock's packages exactly, and one file more (an attacker's keyring, a python3 of their own)
+    keyring = {"./usr/share/keyrings/debian-archive-keyring.gpg": b"an attacker's key"}
+    assert "its files (tree sha256" in refusal(extra=keyring)
     archive.write_bytes(b"not a tar")
     with pytest.raises(UsageError, match="not a `docker save` archive"):
-        check_base_archive(archive, manifest, plan.lock)
+        check_base_archive(archive, manifest, lock)
 
 
 def test_bundle_out_on_a_symlink_is_one_line_and_the_link_stays(tmp_path: Path) -> None:

@@ -171,6 +171,7 @@ def check_pins(args: argparse.Namespace, recipe: RecipeHead) -> int:
 def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
     from verlbox.host.building.bootstrap import choose_mirror, ensure_bootstrapped_base
     from verlbox.host.clients.engine import client
+    from verlbox.host.recipes.basetree import require_locked_tree
 
     sources = _sources(args).with_torch_index(recipe.name, recipe.torch.index)  # type: ignore[attr-defined]
     sources.check_apt_mirror_fits(recipe.name, recipe.base)
@@ -182,7 +183,10 @@ def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
             raise UsageError(f"recipe {recipe.name} says nothing under base.bootstrap: it has no local base")
         mirror = choose_mirror(sources.apt_mirror)
         base_override = ensure_bootstrapped_base(client(), recipe.base.bootstrap, mirror, err)
-    return BuildPlan(recipe, base_override=base_override)
+    plan = BuildPlan(recipe, base_override=base_override)
+    if args.bootstrap_base and plan.lock is not None:  # a locked build starts from the lock's base, file for file
+        require_locked_tree(base_override, plan.lock.base.tree, recipe.lock_path)
+    return plan
 
 
 def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) -> tuple[BuildPlan, OfflineRepository]:

@@ -86,6 +86,43 @@ def _scrubbed(text: str, mirror: str) -> str:
     return text.replace(password, "***") if password else text
 
 
+# what debootstrap writes from the clock or the host, not from the packages: emptied or removed, so the
+# same packages give the same files anywhere (the lock pins them: recipes/basetree.py)
+_FOLDERS_EMPTIED = ("var/lib/apt/lists", "var/log")  # files only; apt's lists would be a later layer's whiteout
+_FILES_REMOVED = ("var/cache/ldconfig/aux-cache", "var/cache/apt/pkgcache.bin", "var/cache/apt/srcpkgcache.bin")
+_FILES_BLANKED = ("etc/hostname", "etc/resolv.conf")  # the host's own; Docker puts its own there at run time
+_SHADOW_FILES = ("etc/shadow", "etc/shadow-")
+
+
+def settle_rootfs(root: Path) -> None:
+    """ROOT (a debootstrapped tree) without the parts that differ by machine or day (file times aside,
+    which the tree digest does not read)."""
+    for folder in _FOLDERS_EMPTIED:
+        for path in (root / folder).rglob("*"):
+            if path.is_file() or path.is_symlink():
+                path.unlink()
+    for name in _FILES_REMOVED:
+        (root / name).unlink(missing_ok=True)
+    for name in _FILES_BLANKED:
+        if (root / name).is_file():
+            (root / name).write_text("")
+    for name in _SHADOW_FILES:
+        if (root / name).is_file():
+            (root / name).write_text(undated_shadow((root / name).read_text()))
+
+
+def undated_shadow(text: str) -> str:
+    """/etc/shadow with each account's last-change day (field 3, the day debootstrap ran) left empty:
+    "password aging off" for accounts whose password is locked anyway."""
+    lines = []
+    for line in text.splitlines():
+        fields = line.split(":")
+        if len(fields) >= 3:
+            fields[2] = ""
+        lines.append(":".join(fields))
+    return "\n".join(lines) + "\n" if lines else ""
+
+
 def bootstrapped_reference(bootstrap: Bootstrap) -> str:
     return f"verlbox-base/debian:{bootstrap.suite}-{bootstrap.variant}"
 
@@ -106,13 +143,13 @@ def ensure_bootstrapped_base(engine: Any, bootstrap: Bootstrap, mirror: str, con
         bare = without_credentials(mirror, Path(workdir))
         steps = [
             ["debootstrap", f"--variant={bootstrap.variant}", bootstrap.suite, str(root), bare],
-            # apt's lists would be deleted by a later layer: a whiteout whose time differs per build
-            ["find", str(root / "var/lib/apt/lists"), "-type", "f", "-delete"],
             # a file, not a pipe: if docker import dies, nothing is left writing into a pipe nobody reads
             ["tar", "-C", str(root), "-cf", str(archive), "."],
             [require_cli(), "import", str(archive), reference],
         ]
         for step in steps:
+            if step[0] == "tar":
+                settle_rootfs(root)
             # debootstrap's wget reads the credentials from $HOME/.netrc; the docker CLI keeps the user's own HOME
             environment = os.environ | {"HOME": workdir} if step[0] == "debootstrap" else None
             result = subprocess.run(step, capture_output=True, text=True, check=False, env=environment)

@@ -23,6 +23,7 @@ from verlbox import paths
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
 from verlbox.host.clients.engine import docker_output
+from verlbox.host.recipes.basetree import image_tree_digest
 from verlbox.host.recipes.schema import (
     DebianPackage,
     DebianPin,
@@ -64,9 +65,11 @@ class AptEntry(Strict):
 class LockedBase(Strict):
     reference: ImageReference
     image_id: Digest
-    # a registry base: its repository digest; a bootstrapped one: its packages, its identity
+    # a registry base: its repository digest; a bootstrapped one: its packages and the digest of its files
+    # (basetree.py: the same from any machine that bootstraps those packages; its image ID is not)
     digest: Annotated[Text, Field(pattern=r"^[^@\s]+@sha256:[0-9a-f]{64}$")] | None = None
     packages: list[DebianPin] | None = None
+    tree: Sha256 | None = None
 
 
 class LockStep(Strict):
@@ -204,6 +207,7 @@ def base_identity(reference: str) -> dict[str, Any]:
             "run", "--rm", "--entrypoint", "dpkg-query", reference, "-W", "-f", "${Package}=${Version}\\n"
         )
         identity["packages"] = sorted(packages.split())
+        identity["tree"] = image_tree_digest(reference)
     return identity
 
 

@@ -39,6 +39,7 @@ from verlbox.host.building.plan import BuildPlan
 from verlbox.host.building.sources import BuildSources
 from verlbox.host.clients.engine import docker_output, require_cli
 from verlbox.host.clients.reference import full_name
+from verlbox.host.recipes.basetree import member, require_locked_tree, saved_tree_digest
 from verlbox.host.recipes.lock import Lock, LockStep
 from verlbox.host.recipes.schema import Digest, ImageReference, Sha256, Slug, Strict, fault_lines
 from verlbox.runtime.steps.apex_build import SOURCE_RECORD, _version_tuple, file_sha256  # its own version rule
@@ -112,6 +113,7 @@ def make_bundle(
     base_id = _image_id(plan.base_image)
     if base_id is None:
         raise UsageError(f"base image {plan.base_image} is not on this engine: build the recipe first")
+    require_locked_tree(plan.base_image, lock.base.tree, plan.recipe.lock_path)  # an offline build would refuse it
     sources = sources.with_torch_index(plan.recipe.name, plan.torch_index)
     partial = out.parent / f".{out.name}.partial-{secrets.token_hex(4)}"
     partial.mkdir(parents=True)
@@ -493,11 +495,11 @@ def _some(names: list[str]) -> str:
 def check_base_archive(archive: Path, manifest: Manifest, lock: Lock) -> None:
     """base.tar read before `docker load`: one image, the manifest's image ID, no name but the base's own
     (a crafted archive could retag images already on the engine), and for a bootstrapped base the lock's
-    exact package list."""
+    exact package list and, where the lock pins it, its files (basetree.py)."""
     reference, wanted = manifest.base.reference, manifest.base.image_id
     try:
         with tarfile.open(archive) as tar:
-            images = json.load(_member(tar, "manifest.json"))
+            images = json.load(member(tar, "manifest.json"))
             names = [tag for image in images for tag in image.get("RepoTags") or []]
             if (index := _optional_member(tar, "index.json")) is not None:
                 for entry in json.load(index).get("manifests", []):
@@ -514,20 +516,18 @@ def check_base_archive(archive: Path, manifest: Manifest, lock: Lock) -> None:
                 have = _dpkg_packages(tar, images[0]["Layers"])
                 if diff := sorted(set(lock.base.packages) ^ have):
                     raise UsageError(f"{archive}: its packages differ from the lock's base, e.g. {diff[0]}")
+            if lock.base.tree is not None and (tree := saved_tree_digest(tar)) != lock.base.tree:
+                raise UsageError(
+                    f"{archive}: its files (tree sha256 {tree[:16]}...) are not the lock's base "
+                    f"(base.tree {lock.base.tree[:16]}...): the same packages, other contents"
+                )
     except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{archive}: not a `docker save` archive ({exc})") from None
 
 
-def _member(tar: tarfile.TarFile, name: str) -> IO[bytes]:
-    handle = tar.extractfile(name)
-    if handle is None:
-        raise KeyError(name)
-    return handle
-
-
 def _optional_member(tar: tarfile.TarFile, name: str) -> IO[bytes] | None:
     try:
-        return _member(tar, name)
+        return member(tar, name)
     except KeyError:
         return None
 
@@ -536,11 +536,11 @@ def _dpkg_packages(tar: tarfile.TarFile, layers: list[str]) -> set[str]:
     """NAME=VERSION of the installed packages in the last layer that holds dpkg's status file."""
     status = None
     for layer in layers:
-        with tarfile.open(fileobj=_member(tar, layer)) as inner:
+        with tarfile.open(fileobj=member(tar, layer)) as inner:
             # `docker import` keeps the archive's own names: `tar -C root -cf - .` writes ./var/lib/...
-            for member in inner.getmembers():
-                if member.isfile() and member.name.removeprefix("./") == "var/lib/dpkg/status":
-                    status = _member(inner, member.name).read().decode()
+            for entry in inner.getmembers():
+                if entry.isfile() and entry.name.removeprefix("./") == "var/lib/dpkg/status":
+                    status = member(inner, entry.name).read().decode()
     if status is None:
         raise ValueError("no var/lib/dpkg/status in its layers")
     packages = set()

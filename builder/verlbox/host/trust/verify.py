@@ -149,8 +149,15 @@ def _base_differences(lock: Lock, reference: str | None) -> list[str]:
             if current.get("digest") == lock.base.digest
             else [f"base {reference}: digest {current.get('digest')}, lock {lock.base.digest}"]
         )
-    # a local base (debootstrap) differs in file times from run to run: its packages are its identity
+    # a local base (debootstrap) differs in file times from run to run: its packages and files are its identity
     locked, have = set(lock.base.packages or []), set(current.get("packages", []))
-    return [f"base package {line}: lock only" for line in sorted(locked - have)] + [
-        f"base package {line}: base only" for line in sorted(have - locked)
-    ]
+    tree = current.get("tree")
+    return (
+        [f"base package {line}: lock only" for line in sorted(locked - have)]
+        + [f"base package {line}: base only" for line in sorted(have - locked)]
+        + (
+            [f"base {reference}: files (tree) {tree}, lock {lock.base.tree}"]
+            if lock.base.tree not in (None, tree)
+            else []
+        )
+    )
