@@ -1,4 +1,5 @@
-"""A bootstrapped base's identity: the digest of its files, blind to file times and the mirror's URI only."""
+"""A bootstrapped base's identity and canonical form: the digest of its files, blind to file times and the
+mirror's URI only; anything the canonical form cannot say is refused, and the form itself says nothing more."""
 
 from __future__ import annotations
 
@@ -9,17 +10,19 @@ from pathlib import Path
 import pytest
 
 from verlbox.host.building.bootstrap import settle_rootfs, undated_shadow
-from verlbox.host.recipes.basetree import layer_tree_digest
+from verlbox.host.recipes.basetree import tree_digest, write_canonical_layer
 
 Entry = tuple[str, bytes | str | None]  # (name, bytes: a file / str: a symlink's target / None: a folder)
 
 
-def layer(entries: list[Entry], *, mtime: int = 0, mode: int = 0o644, uid: int = 0) -> tarfile.TarFile:
+def layer(
+    entries: list[Entry], *, mtime: int = 0, mode: int = 0o644, uid: int = 0, pax: dict[str, str] | None = None
+) -> tarfile.TarFile:
     data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w") as tar:
+    with tarfile.open(fileobj=data, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, content in entries:
             info = tarfile.TarInfo(name)
-            info.mtime, info.uid = mtime, uid
+            info.mtime, info.uid, info.uname, info.pax_headers = mtime, uid, f"user{uid}", pax or {}
             if content is None:
                 info.type, info.mode = tarfile.DIRTYPE, 0o755
                 tar.addfile(info)
@@ -41,8 +44,8 @@ BASE: list[Entry] = [
 ]
 
 
-def digest(entries: list[Entry] = BASE, **options: int) -> str:
-    return layer_tree_digest(layer(entries, **options))
+def digest(entries: list[Entry] = BASE, **options: object) -> str:
+    return tree_digest(layer(entries, **options), "base.tar")  # type: ignore[arg-type]
 
 
 def replaced(name: str, content: bytes | str | None) -> list[Entry]:
@@ -74,9 +77,56 @@ def test_mode_and_owner_count() -> None:
     assert digest(mode=0o4755) != digest() != digest(uid=1000)
 
 
-def test_a_whiteout_is_refused() -> None:
-    with pytest.raises(ValueError, match="whiteout"):
-        digest([*BASE, ("./etc/.wh.passwd", b"")])
+@pytest.mark.parametrize(
+    ("changed", "problem"),
+    [
+        ([*BASE, ("./etc/.wh.passwd", b"")], "whiteout"),
+        ([*BASE, ("./etc/a\tfile 00\t644\t0:0\netc/b", b"")], "control character"),
+        ([*BASE, ("./usr/bin/../../etc/passwd", b"")], "leaves the layer"),
+        ([*BASE, ("./usr/bin/python3", b"again")], "twice"),
+        ([*BASE, ("./lib", "usr/lib\nx")], "control character"),
+    ],
+    ids=["a whiteout", "a name that would forge a record", "a path with ..", "a path twice", "a link with a newline"],
+)
+def test_what_the_canonical_form_cannot_say_is_refused(changed: list[Entry], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        digest(changed)
+
+
+def test_an_extended_attribute_is_refused() -> None:
+    """Docker applies a pax SCHILY.xattr (a file capability, say) that no digest of paths and bytes shows."""
+    with pytest.raises(ValueError, match=r"SCHILY\.xattr\.security\.capability"):
+        digest(pax={"SCHILY.xattr.security.capability": "x"})
+
+
+def test_the_canonical_layer_is_a_function_of_the_tree(tmp_path: Path) -> None:
+    """Other times, owner names and order give the same bytes; what is loaded reads back as the same tree."""
+    first, second = tmp_path / "first.tar", tmp_path / "second.tar"
+    write_canonical_layer(layer(BASE, mtime=1), "a", first)
+    write_canonical_layer(layer(list(reversed(BASE)), mtime=1_800_000_000), "b", second)
+    assert first.read_bytes() == second.read_bytes()
+    with tarfile.open(first) as canonical:
+        assert tree_digest(canonical, "canonical") == digest()
+        assert {m.mtime for m in canonical} == {0} and {m.uname for m in canonical} == {""}
+        assert all(not m.pax_headers for m in canonical)
+
+
+def test_a_hard_link_becomes_a_copy_of_its_target(tmp_path: Path) -> None:
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        target = tarfile.TarInfo("./usr/bin/perl5.36.0")
+        target.size = 4
+        tar.addfile(target, io.BytesIO(b"perl"))
+        link = tarfile.TarInfo("./usr/bin/perl")
+        link.type, link.linkname = tarfile.LNKTYPE, "./usr/bin/perl5.36.0"
+        tar.addfile(link)
+    data.seek(0)
+    out = tmp_path / "canonical.tar"
+    with tarfile.open(fileobj=data) as source:
+        write_canonical_layer(source, "base.tar", out)
+    with tarfile.open(out) as canonical:
+        perl = canonical.getmember("usr/bin/perl")
+        assert perl.isreg() and canonical.extractfile(perl).read() == b"perl"  # type: ignore[union-attr]
 
 
 def test_settling_removes_what_the_clock_and_the_host_wrote(tmp_path: Path) -> None:
@@ -96,9 +146,8 @@ def test_settling_removes_what_the_clock_and_the_host_wrote(tmp_path: Path) -> N
         (root / name).write_text(text)
     settle_rootfs(root)
     left = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
-    assert left == {"etc/hostname", "etc/resolv.conf", "etc/shadow", "etc/passwd"}
-    assert (root / "var/log/apt").is_dir()  # folders stay: packages own them
-    assert (root / "etc/hostname").read_text() == (root / "etc/resolv.conf").read_text() == ""
+    assert left == {"etc/shadow", "etc/passwd", "var/log/dpkg.log", "var/log/apt/history.log"}
+    assert (root / "var/log/dpkg.log").read_text() == (root / "var/log/apt/history.log").read_text() == ""
     assert (root / "etc/shadow").read_text() == "root:*::0:99999:7:::\ndaemon:*::0:99999:7:::\n"
     assert (root / "etc/passwd").read_text() == files["etc/passwd"]
 

@@ -18,6 +18,7 @@ from packaging.utils import canonicalize_name
 
 from conftest import HOST_CA_BUNDLE, IMAGE, REPO, ca_arguments, docker, git_shaped_archive, run_verlbox, staging_tags
 from verlbox.host.recipes.recipe import load_recipe
+from verlbox.runtime.checks.smoke import CPU_CHECKS
 from verlbox.runtime.steps.apex_build import fatbin_architectures, file_sha256
 from verlbox.runtime.training.patches import patch_set_for
 
@@ -321,7 +322,8 @@ def test_cpu_smoke_tier_passes_and_gpu_tier_is_skipped_with_a_reason(image: str,
     failed = {name: row["detail"] for name, row in results.items() if row["status"] == "failed"}
     assert code == 0 and failed == {}
     cpu = [row for row in results.values() if row["tier"] == "cpu"]
-    assert len(cpu) == 11 and all(row["status"] == "passed" for row in cpu)
+    assert [row["name"] for row in cpu] == [name for name, _ in CPU_CHECKS]
+    assert all(row["status"] == "passed" for row in cpu)
     assert results["matches its lock"]["status"] == "passed"
     assert results["Apex machine code for targets"]["detail"] == "10 CUDA extensions hold SASS for 6.1"
     assert results["Apex extensions load"]["detail"].endswith(

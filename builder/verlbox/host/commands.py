@@ -184,8 +184,8 @@ def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
         mirror = choose_mirror(sources.apt_mirror)
         base_override = ensure_bootstrapped_base(client(), recipe.base.bootstrap, mirror, err)
     plan = BuildPlan(recipe, base_override=base_override)
-    if args.bootstrap_base and plan.lock is not None:  # a locked build starts from the lock's base, file for file
-        require_locked_tree(base_override, plan.lock.base.tree, recipe.lock_path)
+    if plan.lock is not None and plan.base_image == plan.lock.base.reference:  # the lock's base, file for file
+        require_locked_tree(plan.base_image, plan.lock.base.tree, recipe.lock_path)
     return plan
 
 
@@ -226,7 +226,7 @@ def _offline_plan(args: argparse.Namespace, recipe: RecipeHead, bundle: Path) ->
     check_wheels(bundle, manifest, plan.lock)  # wheels/: the lock's files only, by the lock's sha256
     check_compiled(plan, bundle, manifest, plan.lock)  # and the compiled wheels, by sha256
     repository = offline_repository(bundle, manifest, entries)  # apt's sources, and where each .deb goes
-    load_base(bundle, manifest, plan.lock, err)
+    load_base(bundle, manifest, plan.lock, err, recipe.lock_path)
     return plan, repository
 
 

@@ -1,4 +1,5 @@
-"""A base image made locally with debootstrap + docker import, for hosts that reach no registry.
+"""A base image made locally with debootstrap, for hosts that reach no registry: settled (what debootstrap
+writes from the clock or the host removed) and loaded as verlbox's canonical layer (recipes/basetree.py).
 
 The Debian mirror is the user's: --apt-mirror, else $VERLBOX_APT_MIRROR, else the first Debian
 archive in the host's own apt sources. verlbox names no mirror of its own.
@@ -10,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -20,7 +22,8 @@ from rich.console import Console
 
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.building.sources import shown_url
-from verlbox.host.clients.engine import image_exists, require_cli
+from verlbox.host.clients.engine import image_exists
+from verlbox.host.recipes.basetree import load_canonical_base
 from verlbox.host.recipes.recipe import Bootstrap
 from verlbox.runtime.steps.urls import redact
 
@@ -88,24 +91,32 @@ def _scrubbed(text: str, mirror: str) -> str:
 
 # what debootstrap writes from the clock or the host, not from the packages: emptied or removed, so the
 # same packages give the same files anywhere (the lock pins them: recipes/basetree.py)
-_FOLDERS_EMPTIED = ("var/lib/apt/lists", "var/log")  # files only; apt's lists would be a later layer's whiteout
-_FILES_REMOVED = ("var/cache/ldconfig/aux-cache", "var/cache/apt/pkgcache.bin", "var/cache/apt/srcpkgcache.bin")
-_FILES_BLANKED = ("etc/hostname", "etc/resolv.conf")  # the host's own; Docker puts its own there at run time
+_FILES_EMPTIED_UNDER = ("var/log",)  # truncated: packages own some of these files (wtmp, lastlog)
+_FILES_REMOVED_UNDER = ("var/lib/apt/lists",)  # apt's lists would be a later layer's whiteout
+_FILES_REMOVED = (
+    "var/cache/ldconfig/aux-cache",
+    "var/cache/apt/pkgcache.bin",
+    "var/cache/apt/srcpkgcache.bin",
+    # the host's own, copied with the host's mode; Docker and BuildKit mount their own at run and build time
+    "etc/hostname",
+    "etc/resolv.conf",
+)
 _SHADOW_FILES = ("etc/shadow", "etc/shadow-")
 
 
 def settle_rootfs(root: Path) -> None:
-    """ROOT (a debootstrapped tree) without the parts that differ by machine or day (file times aside,
-    which the tree digest does not read)."""
-    for folder in _FOLDERS_EMPTIED:
+    """ROOT (a debootstrapped tree) without the parts that differ by machine or day (file times aside:
+    the canonical layer sets them all to zero)."""
+    for folder in _FILES_EMPTIED_UNDER:
+        for path in (root / folder).rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                path.write_bytes(b"")
+    for folder in _FILES_REMOVED_UNDER:
         for path in (root / folder).rglob("*"):
             if path.is_file() or path.is_symlink():
                 path.unlink()
     for name in _FILES_REMOVED:
         (root / name).unlink(missing_ok=True)
-    for name in _FILES_BLANKED:
-        if (root / name).is_file():
-            (root / name).write_text("")
     for name in _SHADOW_FILES:
         if (root / name).is_file():
             (root / name).write_text(undated_shadow((root / name).read_text()))
@@ -141,20 +152,22 @@ def ensure_bootstrapped_base(engine: Any, bootstrap: Bootstrap, mirror: str, con
     ):
         root, archive = Path(workdir) / "root", Path(workdir) / "root.tar"
         bare = without_credentials(mirror, Path(workdir))
-        steps = [
-            ["debootstrap", f"--variant={bootstrap.variant}", bootstrap.suite, str(root), bare],
-            # a file, not a pipe: if docker import dies, nothing is left writing into a pipe nobody reads
-            ["tar", "-C", str(root), "-cf", str(archive), "."],
-            [require_cli(), "import", str(archive), reference],
-        ]
-        for step in steps:
-            if step[0] == "tar":
-                settle_rootfs(root)
-            # debootstrap's wget reads the credentials from $HOME/.netrc; the docker CLI keeps the user's own HOME
-            environment = os.environ | {"HOME": workdir} if step[0] == "debootstrap" else None
+        debootstrap = ["debootstrap", f"--variant={bootstrap.variant}", bootstrap.suite, str(root), bare]
+        # a file, not a pipe: if a step dies, nothing is left writing into a pipe nobody reads
+        archive_it = ["tar", "-C", str(root), "-cf", str(archive), "."]
+        for step in (debootstrap, archive_it):
+            # debootstrap's wget reads the credentials from $HOME/.netrc
+            environment = os.environ | {"HOME": workdir} if step is debootstrap else None
             result = subprocess.run(step, capture_output=True, text=True, check=False, env=environment)
             if result.returncode != 0:
                 said = (result.stdout + result.stderr).strip()[-2000:]
                 raise VerlboxError(f"{step[0]} failed while making {reference}: {_scrubbed(said, mirror)}")
+            if step is debootstrap:
+                settle_rootfs(root)
+        try:
+            with tarfile.open(archive) as layer:
+                load_canonical_base(layer, reference, reference)
+        except (ValueError, tarfile.TarError) as exc:
+            raise VerlboxError(f"debootstrap's tree for {reference} cannot be a base: {exc}") from None
     console.print(f"made base image {reference} with debootstrap from {redact(mirror)}")
     return reference

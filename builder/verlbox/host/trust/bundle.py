@@ -39,7 +39,7 @@ from verlbox.host.building.plan import BuildPlan
 from verlbox.host.building.sources import BuildSources
 from verlbox.host.clients.engine import docker_output, require_cli
 from verlbox.host.clients.reference import full_name
-from verlbox.host.recipes.basetree import member, require_locked_tree, saved_tree_digest
+from verlbox.host.recipes.basetree import load_canonical_base, member, require_locked_tree, saved_layer, tree_digest
 from verlbox.host.recipes.lock import Lock, LockStep
 from verlbox.host.recipes.schema import Digest, ImageReference, Sha256, Slug, Strict, fault_lines
 from verlbox.runtime.steps.apex_build import SOURCE_RECORD, _version_tuple, file_sha256  # its own version rule
@@ -128,6 +128,9 @@ def make_bundle(
         )
         with console.status(f"saving base image {plan.base_image}"):
             docker_output("image", "save", "--output", str(partial / BASE_ARCHIVE), plan.base_image)
+        if lock.base.tree is not None:  # the bytes shipped, not the engine's image a moment before
+            with tarfile.open(partial / BASE_ARCHIVE) as saved:
+                _check_tree(saved, out / BASE_ARCHIVE, lock.base.tree)
         if plan.apex:
             (partial / "sources").mkdir()
             archive = sources.archive(plan.apex.archive_pin(), console)
@@ -516,13 +519,23 @@ def check_base_archive(archive: Path, manifest: Manifest, lock: Lock) -> None:
                 have = _dpkg_packages(tar, images[0]["Layers"])
                 if diff := sorted(set(lock.base.packages) ^ have):
                     raise UsageError(f"{archive}: its packages differ from the lock's base, e.g. {diff[0]}")
-            if lock.base.tree is not None and (tree := saved_tree_digest(tar)) != lock.base.tree:
-                raise UsageError(
-                    f"{archive}: its files (tree sha256 {tree[:16]}...) are not the lock's base "
-                    f"(base.tree {lock.base.tree[:16]}...): the same packages, other contents"
-                )
+            if lock.base.tree is not None:
+                _check_tree(tar, archive, lock.base.tree)
     except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{archive}: not a `docker save` archive ({exc})") from None
+
+
+def _check_tree(saved: tarfile.TarFile, archive: Path, locked: str) -> None:
+    try:
+        with saved_layer(saved, str(archive)) as layer:
+            tree = tree_digest(layer, str(archive))
+    except ValueError as exc:  # what the canonical form cannot say, named
+        raise UsageError(f"{exc}; a bootstrapped base holds files, folders, links and devices only") from None
+    if tree != locked:
+        raise UsageError(
+            f"{archive}: its files (tree sha256 {tree[:16]}...) are not the lock's base "
+            f"(base.tree {locked[:16]}...): other contents than the base the lock was made on"
+        )
 
 
 def _optional_member(tar: tarfile.TarFile, name: str) -> IO[bytes] | None:
@@ -551,10 +564,25 @@ def _dpkg_packages(tar: tarfile.TarFile, layers: list[str]) -> set[str]:
     return packages
 
 
-def load_base(bundle: Path, manifest: Manifest, lock: Lock, console: Console) -> str:
-    """The bundle's base on this engine under its reference: loaded from base.tar when it is not there yet."""
+def load_base(bundle: Path, manifest: Manifest, lock: Lock, console: Console, lock_path: Path | None = None) -> str:
+    """The bundle's base on this engine under its reference: loaded from base.tar when it is not there yet.
+    A bootstrapped base is held to the lock's files (base.tree), on the engine or in base.tar, and only
+    verlbox's own canonical rewrite of base.tar's layer is loaded: Docker never reads the bundle's bytes."""
     reference, wanted = manifest.base.reference, manifest.base.image_id
+    archive = bundle / BASE_ARCHIVE
     current = _image_id(reference)
+    if lock.base.tree is not None:
+        if current is not None:
+            require_locked_tree(reference, lock.base.tree, lock_path)
+            return reference
+        check_base_archive(archive, manifest, lock)
+        with (
+            console.status(f"loading base image {reference} from {archive}"),
+            tarfile.open(archive) as saved,
+            saved_layer(saved, str(archive)) as layer,
+        ):
+            load_canonical_base(layer, str(archive), reference)
+        return reference
     if current == wanted:
         return reference
     if current is not None:
@@ -562,9 +590,9 @@ def load_base(bundle: Path, manifest: Manifest, lock: Lock, console: Console) ->
             f"{reference} on this engine is {current[:19]}, not the bundle's base {wanted[:19]}: "
             f"remove or retag it, and the build loads the bundle's {BASE_ARCHIVE}"
         )
-    check_base_archive(bundle / BASE_ARCHIVE, manifest, lock)
-    with console.status(f"loading base image {reference} from {bundle / BASE_ARCHIVE}"):
-        docker_output("image", "load", "--quiet", "--input", str(bundle / BASE_ARCHIVE))
+    check_base_archive(archive, manifest, lock)
+    with console.status(f"loading base image {reference} from {archive}"):
+        docker_output("image", "load", "--quiet", "--input", str(archive))
     if _image_id(reference) != wanted:
-        raise UsageError(f"{bundle / BASE_ARCHIVE}: did not load as {reference} ({wanted[:19]})")
+        raise UsageError(f"{archive}: did not load as {reference} ({wanted[:19]})")
     return reference

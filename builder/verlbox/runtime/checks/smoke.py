@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from packaging.version import Version
 
@@ -336,7 +337,7 @@ def _ppo_batch(vocab_size: int, batch: int = 2, prompt: int = 8, response: int =
     )
 
 
-def _cpu_actor_critic(ctx: SmokeContext) -> tuple[object, object, object]:
+def _cpu_actor_critic(ctx: SmokeContext) -> tuple[Any, Any, Any]:
     """verl's own actor and critic classes (DataParallelPPOActor/Critic) on the plain fp32 modules of the
     profile's config: FSDP wrapping needs a GPU. Returns (config, actor, critic)."""
     import torch
@@ -405,7 +406,10 @@ def _left_right_padded_batch(vocab_size: int) -> object:
 
 def check_padding_trim(ctx: SmokeContext) -> str:
     """The patched actor and critic with the profile's trim_padding against the same classes without it:
-    the same log-probs and values at every real response position, zeros where columns were cut."""
+    the same log-probs, entropy and values at every real response position, zeros where columns were cut,
+    and the same gradient of the actor's summed log-probs (what its update backpropagates through)."""
+    import torch
+
     from verlbox.runtime.training.padding import PaddingTrim
 
     config, actor, critic = _cpu_actor_critic(ctx)
@@ -416,28 +420,44 @@ def check_padding_trim(ctx: SmokeContext) -> str:
     trim = PaddingTrim.of(batch["attention_mask"], 8)
     if (trim.left, trim.right) != (2, 3):
         raise AssertionError(f"expected 2 prompt and 3 response columns cut, PaddingTrim says {trim}")
-    trimmed = (actor._forward_micro_batch(batch, 1.0)[1], critic._forward_micro_batch(batch))
+    response_mask = batch["attention_mask"][:, 8:].bool()
+
+    def outputs() -> dict[str, Any]:
+        actor.actor_module.zero_grad(set_to_none=True)
+        entropy, log_probs = actor._forward_micro_batch(batch, 1.0, calculate_entropy=True)
+        (log_probs * response_mask).sum().backward()
+        parameters = actor.actor_module.parameters()
+        gradient = torch.cat([p.grad.flatten() for p in parameters if p.grad is not None])
+        values = critic._forward_micro_batch(batch)
+        return {
+            "log-probs": log_probs.detach(),
+            "entropy": entropy.detach(),
+            "values": values.detach(),
+            "gradient": gradient,
+        }
+
+    trimmed = outputs()
     try:
         for section in sections:
             section.trim_padding = False
-        full = (actor._forward_micro_batch(batch, 1.0)[1], critic._forward_micro_batch(batch))
+        full = outputs()
     finally:
         for section in sections:
             section.trim_padding = True
-    response_mask = batch["attention_mask"][:, 8:].bool()
-    differences = []
-    for name, cut, whole in zip(("log-probs", "values"), trimmed, full, strict=True):
+    differences = {}
+    for name, cut in trimmed.items():
+        whole = full[name]
+        if name == "gradient":
+            differences[name] = ((cut - whole).abs().max() / whole.abs().max().clamp(min=1e-12)).item()
+            continue
         if cut.shape != whole.shape or cut[:, -trim.right :].abs().max().item() != 0:
             raise AssertionError(f"trimmed {name}: shape {tuple(cut.shape)}, cut columns not zero")
-        differences.append((cut - whole)[response_mask].abs().max().item())
-    if max(differences) > 1e-4:
-        raise AssertionError(
-            f"trimmed and full differ at real positions: log-probs {differences[0]:.1e}, values {differences[1]:.1e}"
-        )
-    return (
-        f"{trim.left} prompt and {trim.right} response columns of 16 cut; real positions agree "
-        f"(log-probs within {differences[0]:.1e}, values within {differences[1]:.1e})"
-    )
+        differences[name] = (cut - whole)[response_mask].abs().max().item()
+    said = ", ".join(f"{name} {difference:.1e}" for name, difference in differences.items())
+    if max(differences.values()) > 1e-4:
+        raise AssertionError(f"trimmed and full differ at real positions: {said}")
+    cut = f"{trim.left} prompt and {trim.right} response columns of 16 cut"
+    return f"{cut}; largest differences: {said} (the gradient's relative)"
 
 
 def check_dry_run(ctx: SmokeContext) -> str:

@@ -3,10 +3,11 @@
 verl pads every prompt on the left to data.max_prompt_length and every response on the right to
 data.max_response_length. Without flash-attn (use_remove_padding needs it) its actor and critic compute
 every position, padding included: in a GSM8K step 43% of the positions are padding. A column that is
-padding in every row of a micro batch changes no real position's output (attention masks it, and position
-ids follow the mask), so the patched `_forward_micro_batch` (patches/verl-0.4.1.yaml, key trim_padding)
-computes without those columns and gives back zeros for the cut response columns, which verl's response
-mask drops from every loss and value. Rows keep their order; only whole columns go.
+padding in every row of a micro batch changes no real position's output (attention masks it, and the
+real positions keep their position ids: only whole columns at either end go), so the patched
+`_forward_micro_batch` (patches/verl-0.4.1.yaml, key trim_padding) computes without those columns and
+gives back zeros for the cut response columns, which verl's response mask drops from every loss, value
+and KL term. Rows keep their order.
 
 Imported inside verl's patched code, where torch is loaded: this module itself imports none.
 """
