@@ -38,7 +38,10 @@ def layer(
 
 BASE: list[Entry] = [
     ("./etc", None),
+    ("./etc/apt", None),
     ("./etc/apt/sources.list", b"deb http://mirror.example/debian bookworm main\n"),
+    ("./usr", None),
+    ("./usr/bin", None),
     ("./usr/bin/python3", b"\x7fELF"),
     ("./bin", "usr/bin"),
 ]
@@ -64,7 +67,7 @@ def test_file_times_order_and_the_mirror_uri_do_not_count() -> None:
         replaced("./usr/bin/python3", b"\x7fELF, an attacker's"),
         replaced("./bin", "tmp"),
         replaced("./etc/apt/sources.list", b"deb http://mirror.example/debian bookworm main contrib\n"),
-        [*BASE, ("./usr/share/keyrings/extra.gpg", b"key")],
+        [*BASE, ("./usr/extra.gpg", b"key")],
         BASE[:-1],
     ],
     ids=["a file's bytes", "a link's target", "a suite's components", "one file more", "one entry less"],
@@ -85,8 +88,18 @@ def test_mode_and_owner_count() -> None:
         ([*BASE, ("./usr/bin/../../etc/passwd", b"")], "leaves the layer"),
         ([*BASE, ("./usr/bin/python3", b"again")], "twice"),
         ([*BASE, ("./lib", "usr/lib\nx")], "control character"),
+        ([*BASE, ("./bin/sh", b"through the link")], "not inside a folder"),
+        ([*BASE, ("./opt/tool", b"no folder for it")], "not inside a folder"),
     ],
-    ids=["a whiteout", "a name that would forge a record", "a path with ..", "a path twice", "a link with a newline"],
+    ids=[
+        "a whiteout",
+        "a name that would forge a record",
+        "a path with ..",
+        "a path twice",
+        "a link with a newline",
+        "a file under a link",
+        "a file without its folder",
+    ],
 )
 def test_what_the_canonical_form_cannot_say_is_refused(changed: list[Entry], problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
@@ -114,6 +127,10 @@ def test_the_canonical_layer_is_a_function_of_the_tree(tmp_path: Path) -> None:
 def test_a_hard_link_becomes_a_copy_of_its_target(tmp_path: Path) -> None:
     data = io.BytesIO()
     with tarfile.open(fileobj=data, mode="w") as tar:
+        for folder in ("./usr", "./usr/bin"):
+            info = tarfile.TarInfo(folder)
+            info.type = tarfile.DIRTYPE
+            tar.addfile(info)
         target = tarfile.TarInfo("./usr/bin/perl5.36.0")
         target.size = 4
         tar.addfile(target, io.BytesIO(b"perl"))

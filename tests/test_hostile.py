@@ -14,7 +14,7 @@ import tarfile
 import venv
 import zipfile
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
@@ -599,9 +599,14 @@ def _saved_archive(
         f"Package: {p.split('=')[0]}\nStatus: install ok installed\nVersion: {p.split('=')[1]}" for p in packages
     )
     layer = io.BytesIO()
+    files = {"./var/lib/dpkg/status": status.encode()} | (extra or {})  # as `tar -C root -cf - .` names them
+    folders = sorted({str(parent) for name in files for parent in PurePosixPath(name).parents} - {"."})
     with tarfile.open(fileobj=layer, mode="w") as inner:
-        add(inner, "./var/lib/dpkg/status", status.encode())  # as `tar -C root -cf - .` names it
-        for name, data in (extra or {}).items():
+        for folder in folders:
+            info = tarfile.TarInfo(folder)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            inner.addfile(info)
+        for name, data in files.items():
             add(inner, name, data)
     config = image_id.removeprefix("sha256:")
     entry = {"Config": f"blobs/sha256/{config}", "RepoTags": tags, "Layers": ["blobs/sha256/layer"]}

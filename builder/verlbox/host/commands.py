@@ -171,7 +171,7 @@ def check_pins(args: argparse.Namespace, recipe: RecipeHead) -> int:
 def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
     from verlbox.host.building.bootstrap import choose_mirror, ensure_bootstrapped_base
     from verlbox.host.clients.engine import client
-    from verlbox.host.recipes.basetree import require_locked_tree
+    from verlbox.host.recipes.basetree import canonical_engine_base
 
     sources = _sources(args).with_torch_index(recipe.name, recipe.torch.index)  # type: ignore[attr-defined]
     sources.check_apt_mirror_fits(recipe.name, recipe.base)
@@ -185,7 +185,8 @@ def _online_plan(args: argparse.Namespace, recipe: RecipeHead) -> BuildPlan:
         base_override = ensure_bootstrapped_base(client(), recipe.base.bootstrap, mirror, err)
     plan = BuildPlan(recipe, base_override=base_override)
     if plan.lock is not None and plan.base_image == plan.lock.base.reference:  # the lock's base, file for file
-        require_locked_tree(plan.base_image, plan.lock.base.tree, recipe.lock_path)
+        with err.status(f"checking base image {plan.base_image} against the lock"):
+            canonical_engine_base(plan.base_image, plan.lock.base.tree, recipe.lock_path)
     return plan
 
 

@@ -23,7 +23,7 @@ from rich.console import Console
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.building.sources import shown_url
 from verlbox.host.clients.engine import image_exists
-from verlbox.host.recipes.basetree import load_canonical_base
+from verlbox.host.recipes.basetree import NAMES, load_canonical_base
 from verlbox.host.recipes.recipe import Bootstrap
 from verlbox.runtime.steps.urls import redact
 
@@ -165,7 +165,7 @@ def ensure_bootstrapped_base(engine: Any, bootstrap: Bootstrap, mirror: str, con
             if step is debootstrap:
                 settle_rootfs(root)
         try:
-            with tarfile.open(archive) as layer:
+            with tarfile.open(archive, **NAMES) as layer:
                 load_canonical_base(layer, reference, reference)
         except (ValueError, tarfile.TarError) as exc:
             raise VerlboxError(f"debootstrap's tree for {reference} cannot be a base: {exc}") from None

@@ -31,7 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from verlbox.errors import UsageError, VerlboxError
-from verlbox.host.clients.engine import docker_output, require_cli
+from verlbox.host.clients.engine import docker_output, require_cli, require_image
 
 # what a pax header may say about a member of a base layer: where it is, whose, how large, when
 _PAX_KEYS = {"path", "linkpath", "size", "uid", "gid", "uname", "gname", "mtime", "atime", "ctime"}
@@ -57,6 +57,8 @@ _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 _SOURCES_LIST = "etc/apt/sources.list"
 _DEB_LINE = re.compile(r"(deb(?:-src)?\s+(?:\[[^\]\s]*(?:\s[^\]\s]+)*\]\s+)?)((?:https?|file)://[^\s\[\]\"']+)(\s.*)")
 _CHUNK = 1 << 20
+# names as bytes, whatever this host's locale: a layer's names read and written the same way everywhere
+NAMES = {"encoding": "utf-8", "errors": "surrogateescape"}
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,10 @@ def canonical_entries(layer: tarfile.TarFile, where: str) -> list[Entry]:
             member=member,
         )
     for path, entry in entries.items():
+        parent = PurePosixPath(path).parent.as_posix()
+        if parent != "." and (parent not in entries or entries[parent].kind != "dir"):
+            # Docker would follow a link there (etc -> /tmp puts etc/passwd in /tmp): a folder comes first
+            raise ValueError(f"{where}: {path} is not inside a folder of the layer ({parent} is not one)")
         if entry.member is not None and entry.member.islnk():  # a copy of its target, which must be a file here
             target = entries.get(_normal_path(entry.member.linkname, where))
             if target is None or target.member is None or not target.member.isreg():
@@ -121,18 +127,18 @@ def canonical_entries(layer: tarfile.TarFile, where: str) -> list[Entry]:
     return [entries[path] for path in sorted(entries)]
 
 
-def _content(layer: tarfile.TarFile, entry: Entry) -> IO[bytes]:
+def _content(layer: tarfile.TarFile, entry: Entry, where: str) -> IO[bytes]:
     try:
         handle = layer.extractfile(entry.member) if entry.member is not None else None  # a hard link: its target's
     except KeyError:  # a hard link to a file that comes after it
         handle = None
     if handle is None:
-        raise ValueError(f"{entry.path}: its bytes cannot be read from the layer")
+        raise ValueError(f"{where}: {entry.path}: its bytes cannot be read from the layer")
     return handle
 
 
-def _file_digest(layer: tarfile.TarFile, entry: Entry) -> str:
-    handle, digest = _content(layer, entry), hashlib.sha256()
+def _file_digest(layer: tarfile.TarFile, entry: Entry, where: str) -> str:
+    handle, digest = _content(layer, entry, where), hashlib.sha256()
     if entry.path == _SOURCES_LIST:  # small; any mirror URI counts as one
         digest.update(_any_mirror(handle.read()))
     else:
@@ -156,7 +162,7 @@ def tree_digest(layer: tarfile.TarFile, where: str) -> str:
     """The sha256 of LAYER's canonical entries, one JSON record per path (no text can stand for two)."""
     digest = hashlib.sha256()
     for entry in canonical_entries(layer, where):
-        what = _file_digest(layer, entry) if entry.kind == "file" else entry.target or list(entry.device)
+        what = _file_digest(layer, entry, where) if entry.kind == "file" else entry.target or list(entry.device)
         record = [entry.path, entry.kind, entry.mode, entry.uid, entry.gid, what]
         digest.update(json.dumps(record).encode() + b"\n")
     return digest.hexdigest()
@@ -164,7 +170,7 @@ def tree_digest(layer: tarfile.TarFile, where: str) -> str:
 
 def write_canonical_layer(layer: tarfile.TarFile, where: str, out: Path) -> None:
     """LAYER's canonical entries written to OUT as a tar: the bytes are a function of the tree alone."""
-    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as canonical:
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT, **NAMES) as canonical:
         for entry in canonical_entries(layer, where):
             info = tarfile.TarInfo(entry.path)
             info.type, info.mode, info.uid, info.gid = _TYPES[entry.kind], entry.mode, entry.uid, entry.gid
@@ -172,7 +178,7 @@ def write_canonical_layer(layer: tarfile.TarFile, where: str, out: Path) -> None
             info.mtime, info.uname, info.gname = 0, "", ""
             if entry.kind == "file":
                 info.size = entry.size
-                canonical.addfile(info, _content(layer, entry))
+                canonical.addfile(info, _content(layer, entry, where))
             else:
                 canonical.addfile(info)
 
@@ -183,7 +189,7 @@ def saved_layer(archive: tarfile.TarFile, where: str) -> Iterator[tarfile.TarFil
     images = json.load(member(archive, "manifest.json"))
     if len(images) != 1 or len(images[0]["Layers"]) != 1:
         raise ValueError(f"{where}: a bootstrapped base is one image of one layer")
-    with tarfile.open(fileobj=member(archive, images[0]["Layers"][0])) as layer:
+    with tarfile.open(fileobj=member(archive, images[0]["Layers"][0]), **NAMES) as layer:
         yield layer
 
 
@@ -199,26 +205,52 @@ def image_tree_digest(reference: str) -> str:
             raise VerlboxError(f"{reference}: not a base verlbox can read ({exc})") from None
 
 
-def require_locked_tree(reference: str, locked: str | None, lock_path: Path | None) -> None:
-    """The engine's base REFERENCE has the files the lock pins (nothing to hold it to without a pin)."""
-    if locked is None:
-        return
-    found = image_tree_digest(reference)
+def engine_base_hint(reference: str) -> str:
+    return (
+        f"remove it (docker image rm {reference}) and `verlbox build --bootstrap-base` makes the lock's base "
+        "again; if that differs too, the Debian mirror no longer serves the lock's packages"
+    )
+
+
+def refuse_other_tree(where: str, found: str, locked: str, hint: str) -> None:
     if found != locked:
         raise UsageError(
-            f"{reference}: its files (tree sha256 {found[:16]}...) are not the base {lock_path or 'the lock'} pins "
-            f"(base.tree {locked[:16]}...): remove it (docker image rm {reference}) and the build bootstraps "
-            "the lock's base again; if that differs too, the mirror no longer serves the lock's packages"
+            f"{where}: its files (tree sha256 {found[:16]}...) are not the lock's base "
+            f"(base.tree {locked[:16]}...): {hint}"
         )
 
 
-def load_canonical_base(layer: tarfile.TarFile, where: str, reference: str) -> str:
+def canonical_engine_base(reference: str, locked: str | None, lock_path: Path | None) -> None:
+    """The engine's base REFERENCE held to the tree LOCKED (from LOCK_PATH) and written again in canonical
+    form under its name: whatever config it had (an ONBUILD, an ENTRYPOINT) is gone, and a base that was
+    canonical already loads as itself. Nothing to do without a pin (a registry base)."""
+    if locked is None:
+        return
+    hint = engine_base_hint(reference)
+    require_image(reference, f"the lock {lock_path} was made on this bootstrapped base: build with --bootstrap-base")
+    with tempfile.TemporaryDirectory(prefix="verlbox-base-") as scratch:
+        saved = Path(scratch) / "base.tar"
+        docker_output("image", "save", "--output", str(saved), reference)
+        try:
+            with tarfile.open(saved) as archive, saved_layer(archive, reference) as layer:
+                load_canonical_base(layer, reference, reference, locked, hint)
+        except (ValueError, KeyError, tarfile.TarError) as exc:
+            raise UsageError(f"{reference}: not a base verlbox can read ({exc}); {hint}") from None
+
+
+def load_canonical_base(
+    layer: tarfile.TarFile, where: str, reference: str, locked: str | None = None, hint: str = ""
+) -> str:
     """LAYER rewritten in canonical form and loaded as REFERENCE with a fixed config (architecture from
-    this host, time zero, no command): the same files give the same image ID. Returns that ID."""
+    this host, time zero, no command): the same files give the same image ID. With LOCKED, the rewrite
+    itself (the bytes Docker will read, not an earlier read of WHERE) must have that tree. Returns the ID."""
     architecture = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
     with tempfile.TemporaryDirectory(prefix="verlbox-base-") as scratch:
         folder = Path(scratch)
         write_canonical_layer(layer, where, folder / "layer.tar")
+        if locked is not None:
+            with tarfile.open(folder / "layer.tar", **NAMES) as written:
+                refuse_other_tree(where, tree_digest(written, where), locked, hint)
         diff_id = f"sha256:{_sha256_file(folder / 'layer.tar')}"
         config = {
             "architecture": architecture,

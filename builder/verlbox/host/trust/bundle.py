@@ -39,7 +39,14 @@ from verlbox.host.building.plan import BuildPlan
 from verlbox.host.building.sources import BuildSources
 from verlbox.host.clients.engine import docker_output, require_cli
 from verlbox.host.clients.reference import full_name
-from verlbox.host.recipes.basetree import load_canonical_base, member, require_locked_tree, saved_layer, tree_digest
+from verlbox.host.recipes.basetree import (
+    canonical_engine_base,
+    load_canonical_base,
+    member,
+    refuse_other_tree,
+    saved_layer,
+    tree_digest,
+)
 from verlbox.host.recipes.lock import Lock, LockStep
 from verlbox.host.recipes.schema import Digest, ImageReference, Sha256, Slug, Strict, fault_lines
 from verlbox.runtime.steps.apex_build import SOURCE_RECORD, _version_tuple, file_sha256  # its own version rule
@@ -113,7 +120,8 @@ def make_bundle(
     base_id = _image_id(plan.base_image)
     if base_id is None:
         raise UsageError(f"base image {plan.base_image} is not on this engine: build the recipe first")
-    require_locked_tree(plan.base_image, lock.base.tree, plan.recipe.lock_path)  # an offline build would refuse it
+    # an offline build would refuse another base; canonical, its config is verlbox's own
+    canonical_engine_base(plan.base_image, lock.base.tree, plan.recipe.lock_path)
     sources = sources.with_torch_index(plan.recipe.name, plan.torch_index)
     partial = out.parent / f".{out.name}.partial-{secrets.token_hex(4)}"
     partial.mkdir(parents=True)
@@ -525,17 +533,17 @@ def check_base_archive(archive: Path, manifest: Manifest, lock: Lock) -> None:
         raise UsageError(f"{archive}: not a `docker save` archive ({exc})") from None
 
 
+# a bundle's base.tar that is not the lock's base
+_REMAKE = "ask whoever made the bundle to make it again with this verlbox, from the lock's base"
+
+
 def _check_tree(saved: tarfile.TarFile, archive: Path, locked: str) -> None:
     try:
         with saved_layer(saved, str(archive)) as layer:
             tree = tree_digest(layer, str(archive))
     except ValueError as exc:  # what the canonical form cannot say, named
-        raise UsageError(f"{exc}; a bootstrapped base holds files, folders, links and devices only") from None
-    if tree != locked:
-        raise UsageError(
-            f"{archive}: its files (tree sha256 {tree[:16]}...) are not the lock's base "
-            f"(base.tree {locked[:16]}...): other contents than the base the lock was made on"
-        )
+        raise UsageError(f"{exc}; {_REMAKE}") from None
+    refuse_other_tree(str(archive), tree, locked, _REMAKE)
 
 
 def _optional_member(tar: tarfile.TarFile, name: str) -> IO[bytes] | None:
@@ -573,15 +581,19 @@ def load_base(bundle: Path, manifest: Manifest, lock: Lock, console: Console, lo
     current = _image_id(reference)
     if lock.base.tree is not None:
         if current is not None:
-            require_locked_tree(reference, lock.base.tree, lock_path)
+            with console.status(f"checking base image {reference} against the lock"):
+                canonical_engine_base(reference, lock.base.tree, lock_path)
             return reference
         check_base_archive(archive, manifest, lock)
-        with (
-            console.status(f"loading base image {reference} from {archive}"),
-            tarfile.open(archive) as saved,
-            saved_layer(saved, str(archive)) as layer,
-        ):
-            load_canonical_base(layer, str(archive), reference)
+        try:
+            with (
+                console.status(f"loading base image {reference} from {archive}"),
+                tarfile.open(archive) as saved,
+                saved_layer(saved, str(archive)) as layer,
+            ):
+                load_canonical_base(layer, str(archive), reference, lock.base.tree, _REMAKE)
+        except (ValueError, KeyError, tarfile.TarError) as exc:  # it changed since check_base_archive read it
+            raise UsageError(f"{archive}: {exc}; {_REMAKE}") from None
         return reference
     if current == wanted:
         return reference
