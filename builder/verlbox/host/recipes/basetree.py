@@ -1,6 +1,6 @@
 """A bootstrapped base's identity and its one form: the canonical layer.
 
-A debootstrapped tree becomes an image through `canonical_layer`: its files only (path, kind, mode, owner,
+A debootstrapped tree becomes an image through `write_canonical_layer`: its files only (path, kind, mode, owner,
 the bytes of each file, the target of each link or the numbers of each device), in path order, every time
 zero, no owner names, no extended attributes, hard links as files. verlbox writes that layer itself and
 loads it with a fixed config (`load_canonical_base`), so the same files give the same image ID, and Docker
@@ -32,6 +32,7 @@ from typing import IO
 
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.clients.engine import docker_output, require_cli, require_image
+from verlbox.runtime.steps.apex_build import file_sha256
 
 # what a pax header may say about a member of a base layer: where it is, whose, how large, when
 _PAX_KEYS = {"path", "linkpath", "size", "uid", "gid", "uname", "gname", "mtime", "atime", "ctime"}
@@ -195,14 +196,21 @@ def saved_layer(archive: tarfile.TarFile, where: str) -> Iterator[tarfile.TarFil
 
 def image_tree_digest(reference: str) -> str:
     """The tree digest of the base REFERENCE on this engine (saved to a scratch file, then read)."""
+    try:
+        with engine_layer(reference) as layer:
+            return tree_digest(layer, reference)
+    except (ValueError, KeyError, tarfile.TarError) as exc:
+        raise VerlboxError(f"{reference}: not a base verlbox can read ({exc})") from None
+
+
+@contextmanager
+def engine_layer(reference: str) -> Iterator[tarfile.TarFile]:
+    """The one layer of the engine's image REFERENCE, saved to a scratch file that goes when done."""
     with tempfile.TemporaryDirectory(prefix="verlbox-base-") as scratch:
         saved = Path(scratch) / "base.tar"
         docker_output("image", "save", "--output", str(saved), reference)
-        try:
-            with tarfile.open(saved) as archive, saved_layer(archive, reference) as layer:
-                return tree_digest(layer, reference)
-        except (ValueError, KeyError, tarfile.TarError) as exc:
-            raise VerlboxError(f"{reference}: not a base verlbox can read ({exc})") from None
+        with tarfile.open(saved) as archive, saved_layer(archive, reference) as layer:
+            yield layer
 
 
 def engine_base_hint(reference: str) -> str:
@@ -228,14 +236,11 @@ def canonical_engine_base(reference: str, locked: str | None, lock_path: Path | 
         return
     hint = engine_base_hint(reference)
     require_image(reference, f"the lock {lock_path} was made on this bootstrapped base: build with --bootstrap-base")
-    with tempfile.TemporaryDirectory(prefix="verlbox-base-") as scratch:
-        saved = Path(scratch) / "base.tar"
-        docker_output("image", "save", "--output", str(saved), reference)
-        try:
-            with tarfile.open(saved) as archive, saved_layer(archive, reference) as layer:
-                load_canonical_base(layer, reference, reference, locked, hint)
-        except (ValueError, KeyError, tarfile.TarError) as exc:
-            raise UsageError(f"{reference}: not a base verlbox can read ({exc}); {hint}") from None
+    try:
+        with engine_layer(reference) as layer:
+            load_canonical_base(layer, reference, reference, locked, hint)
+    except (ValueError, KeyError, tarfile.TarError) as exc:
+        raise UsageError(f"{reference}: not a base verlbox can read ({exc}); {hint}") from None
 
 
 def load_canonical_base(
@@ -251,7 +256,7 @@ def load_canonical_base(
         if locked is not None:
             with tarfile.open(folder / "layer.tar", **NAMES) as written:
                 refuse_other_tree(where, tree_digest(written, where), locked, hint)
-        diff_id = f"sha256:{_sha256_file(folder / 'layer.tar')}"
+        diff_id = f"sha256:{file_sha256(folder / 'layer.tar')}"
         config = {
             "architecture": architecture,
             "os": "linux",
@@ -278,14 +283,6 @@ def load_canonical_base(
         if result.returncode != 0:
             raise VerlboxError(f"docker load of {reference} failed: {(result.stdout + result.stderr).strip()[-500:]}")
     return f"sha256:{image_id}"
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def member(archive: tarfile.TarFile, name: str) -> IO[bytes]:
