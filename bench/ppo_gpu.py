@@ -8,7 +8,8 @@ verl 0.4.1 PPO with the recipe's profile (or the seeds' batch-1 settings), each 
   python bench/ppo_gpu.py --out OUT --run ppo:4 --run grpo:4 --run grpo:4:actor_rollout_ref.rollout.n=8
 
 `ppo` and `grpo` run those profiles as shipped (batch included) unless KEY=VALUE says otherwise, and
-report responses per second (prompts x rollout.n).
+report responses per second (prompts x rollout.n); `ppo-before` and `grpo-before` run them with the
+settings they shipped with before issue 31 (BEFORE_ISSUE_31), for a before/after in one call.
 
 Issue 17's restarts: `--crash-after-checkpoint 2 --crash-after-checkpoint 4` interrupts verl (not
 verlbox) once step 2, then step 4, is saved, so verlbox's supervisor restarts it and it resumes; a
@@ -34,6 +35,7 @@ from verlbox.runtime.checks.fixtures import make_gsm8k_jsonl, make_model
 from verlbox.runtime.training.data import prepare_gsm8k
 from verlbox.runtime.training.overrides import override_value
 from verlbox.runtime.training.profile import load_profile
+from verlbox.runtime.training.run_record import RUN_FILE, read_runs
 
 # The seeds' settings with their real meaning in verl 0.4.1: batch 1 everywhere, the same offload,
 # precision and lengths as the profile, so the two differ only in how work is batched.
@@ -46,8 +48,27 @@ SEEDS_BATCH_1 = [
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
     "+actor_rollout_ref.rollout.micro_batch_size=1",
 ]
+# The profiles as they shipped before issue 31 (8eca8da): gradient checkpointing on, forward micro batches
+# of 4, no padding trim, the prompt width 256 whatever the data. `ppo-before` and `grpo-before` run them.
+BEFORE_ISSUE_31 = [
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.actor.trim_padding=False",
+    "actor_rollout_ref.ref.trim_padding=False",
+    "data.max_prompt_length=256",
+]
+BEFORE = {
+    "ppo-before": [
+        *BEFORE_ISSUE_31,
+        "critic.model.enable_gradient_checkpointing=True",
+        "critic.forward_micro_batch_size_per_gpu=4",
+        "critic.trim_padding=False",
+    ],
+    "grpo-before": BEFORE_ISSUE_31,
+}
 # run name -> the profile `train --profile` gets
-PROFILE_RUNS = {"ppo": "p40", "grpo": "grpo", "plain": "p40"}
+PROFILE_RUNS = {"ppo": "p40", "grpo": "grpo", "plain": "p40", "ppo-before": "p40", "grpo-before": "grpo"}
 # `plain`: the PPO profile as verlbox ran it before issue 18 (verl's console as it is, no TensorBoard): the
 # other half of the "with and without" comparison
 PLAIN = {"env": {"VERLBOX_PROGRESS": "plain"}, "overrides": ["trainer.logger=[console]"]}
@@ -178,8 +199,10 @@ def run(
         values = [s[key] for s in plain or ordered if key in s]
         return round(statistics.median(values), 2) if values else None
 
-    # the positions verl computes per step (every row padded to max prompt + max response) against real tokens
-    lengths = [int(override_value(given, f"data.max_{part}_length") or 0) for part in ("prompt", "response")]
+    # the positions verl computes per step (every row padded to max prompt + max response) against real tokens;
+    # the prompt width as train started verl (it lowers the profile's to the data's longest prompt)
+    started = read_runs(checkpoint_dir)[-1].overrides if (checkpoint_dir / RUN_FILE).is_file() else given
+    lengths = [int(override_value(started, f"data.max_{part}_length") or 0) for part in ("prompt", "response")]
     computed = batch * answers * sum(lengths)
     real = median_of("perf/total_num_tokens")
     return {
@@ -197,6 +220,7 @@ def run(
         "validated_at": validated,
         "phase_s": {phase: median_of(f"timing_s/{phase}") for phase in PHASES},
         "fp32_tflops_per_gpu": median_of("verlbox/fp32_tflops_per_gpu"),
+        "max_prompt_length": lengths[0],
         "real_positions": f"{real:.0f} of {computed}" if real and computed else None,
         "crashes": crashes,
         "after": disk_state(checkpoint_dir) if checkpoint_dir.is_dir() else None,
@@ -211,7 +235,7 @@ def main() -> int:
         "--run",
         action="append",
         required=True,
-        help="NAME:STEPS[:KEY=VALUE,...] with NAME profile|seeds|resume|refuse|ppo|grpo|plain",
+        help="NAME:STEPS[:KEY=VALUE,...] with NAME profile|seeds|resume|refuse|ppo|grpo|plain|ppo-before|grpo-before",
     )
     parser.add_argument("--gpu-memory-gib", default="24")
     parser.add_argument("--kill-after-checkpoint", type=int, help="profile run: SIGKILL once this step is saved")
@@ -252,7 +276,8 @@ def main() -> int:
             # a profile as shipped for one GPU (its batch unless EXTRA says), no saves, a fresh start each
             batch = f"data.train_batch_size={load_profile(profile).per_gpu['train_batch_size']}"
             given = [] if override_value(extras, "data.train_batch_size") else [batch]
-            overrides = [*given, *common, "trainer.save_freq=-1", "trainer.resume_mode=disable", *extras]
+            before = BEFORE.get(name, [])
+            overrides = [*given, *common, "trainer.save_freq=-1", "trainer.resume_mode=disable", *before, *extras]
         else:
             batch = 32 if name == "refuse" else 16
             overrides = [f"data.train_batch_size={batch}", *common, f"trainer.save_freq={args.save_freq}", *extras]

@@ -28,9 +28,9 @@ from verlbox.runtime.checks.fixtures import make_gsm8k_jsonl, make_model, make_t
 from verlbox.runtime.gpu import has_code_for
 from verlbox.runtime.steps.apex_build import SOURCE_RECORD, fatbin_architectures
 from verlbox.runtime.steps.apex_facts import ApexFacts, apex_facts
-from verlbox.runtime.training import preflight
-from verlbox.runtime.training.data import prepare_gsm8k
-from verlbox.runtime.training.overrides import compose, installed_verl_config_dir
+from verlbox.runtime.training import preflight, prompt_lengths, run_record
+from verlbox.runtime.training.data import prepare_gsm8k, to_verl_row, write_parquet
+from verlbox.runtime.training.overrides import compose, installed_verl_config_dir, override_value
 from verlbox.runtime.training.patches import PatchState, patch_set_for, verify
 from verlbox.runtime.training.profile import TrainingPlan, profile_names
 from verlbox.runtime.training.progress import METRICS_FILE, StepRecord, read_metrics, validation_reward
@@ -319,6 +319,36 @@ def check_gsm8k_dataset(ctx: SmokeContext) -> str:
     return f"{len(dataset)} rows read by verl's RLHFDataset; ground truth {truth!r}"
 
 
+def check_prompt_length_fit(ctx: SmokeContext) -> str:
+    """The length train fits data.max_prompt_length to is the one verl's own filter counts: at it verl keeps every
+    prompt, one token shorter it drops the longest."""
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    folder = ctx.workdir / "prompt-lengths"
+    folder.mkdir()
+    questions = ["Natalia sold 5 clips" + " apples" * extra + " ?" for extra in range(9)]
+    rows = [to_verl_row(question, "#### 5", "train", index) for index, question in enumerate(questions)]
+    write_parquet(rows, folder / "train.parquet")
+    said: list[str] = []
+    lengths = prompt_lengths.measure([folder / "train.parquet"], ctx.model_dir, "prompt", said.append)
+    again = prompt_lengths.measure([folder / "train.parquet"], ctx.model_dir, "prompt", said.append)
+    if len(said) != 1 or again != lengths:
+        raise AssertionError(f"the record was not reused: {said}")
+    tokenizer = AutoTokenizer.from_pretrained(ctx.model_dir)
+    data_config = OmegaConf.to_container(ctx.composed().data)  # type: ignore[attr-defined]
+
+    def kept(width: int) -> int:
+        config = OmegaConf.create(data_config | {"max_prompt_length": width, "filter_overlong_prompts": True})
+        return len(RLHFDataset(data_files=[str(folder / "train.parquet")], tokenizer=tokenizer, config=config))
+
+    longest = lengths.longest
+    if (kept(longest), kept(longest - 1)) != (len(rows), len(rows) - 1):
+        raise AssertionError(f"verl keeps {kept(longest)} at {longest} tokens, {kept(longest - 1)} at one fewer")
+    return f"{len(rows)} prompts, the longest {longest} tokens: verl keeps all at {longest}, drops it at {longest - 1}"
+
+
 def _ppo_batch(vocab_size: int, batch: int = 2, prompt: int = 8, response: int = 4) -> object:
     import torch
     from verl import DataProto
@@ -535,7 +565,6 @@ _TWO_STEPS = [
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
-    "data.max_prompt_length=64",
     "data.max_response_length=16",
     "trainer.total_training_steps=2",
     "trainer.save_freq=-1",
@@ -594,7 +623,15 @@ def _two_steps(ctx: SmokeContext, profile: str, overrides: list[str], losses_per
         raise AssertionError(f"exit {run.returncode}, {len(losses)} losses recorded: {run.tail}")
     if not all(math.isfinite(value) for _, value in losses):
         raise AssertionError(f"non-finite losses: {losses}")
-    return f"2 steps of profile {profile}, finite losses: " + ", ".join(f"{n}={v:.4g}" for n, v in losses)
+    # the profile's prompt width lowered to the data's longest prompt (the fixture's prompts are all one length)
+    started = run_record.read_runs(ctx.workdir / "checkpoints" / profile / RUN_EXPERIMENT)[-1]
+    width = int(override_value(started.overrides, prompt_lengths.KEY) or 0)
+    longest = max(step.metrics.get("prompt_length/max", 0) for step in run.steps)
+    if width != longest:
+        raise AssertionError(f"{prompt_lengths.KEY}={width}, but the longest prompt verl saw had {longest:g} tokens")
+    return f"2 steps of profile {profile} at {prompt_lengths.KEY}={width}, finite losses: " + ", ".join(
+        f"{n}={v:.4g}" for n, v in losses
+    )
 
 
 def check_ppo_two_steps(ctx: SmokeContext) -> str:
@@ -677,6 +714,7 @@ CPU_CHECKS: list[tuple[str, Callable[[SmokeContext], str]]] = [
     ("torch arch list covers targets", check_arch_list),
     ("profile composes with verl", check_profile),
     ("GSM8K prep + verl dataset", check_gsm8k_dataset),
+    ("prompt length fitted as verl counts", check_prompt_length_fit),
     ("actor log-prob + critic value (CPU)", check_actor_critic_cpu),
     ("padding trim keeps outputs (CPU)", check_padding_trim),
     ("train --dry-run", check_dry_run),

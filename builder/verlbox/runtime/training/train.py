@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -22,6 +23,7 @@ from verlbox.runtime.training import (
     hub,
     preflight,
     progress,
+    prompt_lengths,
     run_record,
     supervisor,
     utilization,
@@ -205,6 +207,16 @@ def ensure_data(overrides: list[str], environ: dict[str, str], console: Console)
     return preflight.Check("data", True, f"prepared from {raw}")
 
 
+def fit_prompt_length(overrides: list[str], user: list[str], say: Callable[[str], None]) -> list[str]:
+    """The profile's data.max_prompt_length lowered to the data's longest prompt; a value the user gave is kept."""
+    if override_value(user, prompt_lengths.KEY) is not None:
+        return overrides
+    files = [Path(v) for key in DATA_KEYS if (v := override_value(overrides, key))]
+    model = Path(override_value(overrides, MODEL_KEY) or "")
+    prompt_key = override_value(overrides, "data.prompt_key") or "prompt"
+    return prompt_lengths.fitted(overrides, prompt_lengths.measure(files, model, prompt_key, say), say)
+
+
 def prepare_inputs(overrides: list[str], environ: dict[str, str], console: Console) -> list[preflight.Check]:
     """What verl reads, in place before it starts: the model and GSM8K fetched from the hub on first start
     (or checked against what was fetched), then GSM8K made into verl's parquet files."""
@@ -294,6 +306,9 @@ def train(
         overrides = verified_overrides(plan, user_overrides)
         console.print(f"training on {topology.describe()}: {topology.world_size} GPU(s)")
         if dry_run:
+            if override_value(user_overrides, prompt_lengths.KEY) is None:
+                width = override_value(overrides, prompt_lengths.KEY)
+                say(f"{prompt_lengths.KEY}={width} at most: at start it is lowered to the data's longest prompt")
             checkpoints.check_resume(overrides, plan.profile.name, environ, say, dry_run=True)
             checkpoints.prepare(overrides, environ, say, dry_run=True)
             print_dry_run(plan, overrides, environ, gpu_memory_gib)
@@ -312,6 +327,7 @@ def train(
     failed = [check for check in checks if not check.ok]
     if failed:
         raise PreflightFailed("\n".join(f"preflight {check.name}: {check.detail}" for check in failed))
+    overrides = fit_prompt_length(overrides, user_overrides, say)
     # a resume with other settings refused before anything changes; then the tracker verl resumes from, the saves
     # it forgot, the room its next saves need: all after the checks, so a machine that cannot train changes nothing
     checkpoints.check_resume(overrides, plan.profile.name, environ, say, dry_run=False)

@@ -1,0 +1,156 @@
+"""data.max_prompt_length from the data: every prompt's length as verl tokenizes it, measured once per data
+file and tokenizer and recorded beside the parquet files (prompt-lengths.json).
+
+verl pads every prompt on the left to data.max_prompt_length. HF generation computes all of those columns
+and keeps them in its KV cache for every decoded token, so a length above the data's longest prompt is work
+that changes nothing. The profile's value is a ceiling: a run gets the data's longest prompt when that is
+shorter, and is told how many prompts the ceiling leaves out when some are longer. A value the user sets is
+kept as given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from verlbox.files import write_atomically
+from verlbox.runtime.steps.apex_build import file_sha256
+from verlbox.runtime.training.data import DataError
+from verlbox.runtime.training.overrides import Override, override_value
+
+KEY = "data.max_prompt_length"
+RECORD = "prompt-lengths.json"
+RECORD_FORMAT = 1
+# what AutoTokenizer reads from a model folder: a change to any of them can change a prompt's length
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+class FileLengths(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sha256: str
+    # prompt length in tokens -> how many prompts have it (JSON keys are text)
+    lengths: dict[int, int]
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: int
+    tokenizer: str
+    prompt_key: str
+    files: dict[str, FileLengths]
+
+
+@dataclass(frozen=True)
+class PromptLengths:
+    counts: Counter[int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def longest(self) -> int:
+        return max(self.counts, default=0)
+
+    def longer_than(self, ceiling: int) -> int:
+        return sum(count for length, count in self.counts.items() if length > ceiling)
+
+
+def tokenizer_digest(model_dir: Path) -> str:
+    files = [(name, file_sha256(model_dir / name)) for name in TOKENIZER_FILES if (model_dir / name).is_file()]
+    return hashlib.sha256(json.dumps(files).encode()).hexdigest()
+
+
+def _read_record(path: Path) -> Record | None:
+    """The folder's record, or None when there is none or it cannot be read (it is measured again)."""
+    try:
+        return Record.model_validate_json(path.read_text())
+    except (OSError, ValidationError):
+        return None
+
+
+def _tokenized_lengths(path: Path, tokenizer: object, prompt_key: str) -> Counter[int]:
+    """What verl's RLHFDataset filter measures: the chat template applied with the generation prompt, tokenized."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    if prompt_key not in table.column_names:
+        columns = ", ".join(table.column_names)
+        raise DataError(f"{path}: no column {prompt_key!r} (data.prompt_key; the file has {columns})")
+    prompts = table.column(prompt_key).to_pylist()
+    apply = tokenizer.apply_chat_template  # type: ignore[attr-defined]
+    return Counter(len(apply(messages, add_generation_prompt=True)) for messages in prompts)
+
+
+def load_tokenizer(model_dir: Path) -> object:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def measure(
+    files: Iterable[Path],
+    model_dir: Path,
+    prompt_key: str,
+    say: Callable[[str], None],
+    load: Callable[[Path], object] = load_tokenizer,
+) -> PromptLengths:
+    """Every prompt's length in FILES with MODEL_DIR's tokenizer: from each folder's record when it holds the
+    same file, tokenizer and prompt key, else measured now and recorded there."""
+    digest = tokenizer_digest(model_dir)
+    tokenizer = None
+    counts: Counter[int] = Counter()
+    for path in files:
+        record_path = path.parent / RECORD
+        record = _read_record(record_path)
+        if record is None or record.tokenizer != digest or record.prompt_key != prompt_key:
+            record = Record(format=RECORD_FORMAT, tokenizer=digest, prompt_key=prompt_key, files={})
+        sha256 = file_sha256(path)
+        known = record.files.get(path.name)
+        if known is None or known.sha256 != sha256:
+            if tokenizer is None:  # loaded once, and only when something is to be measured
+                tokenizer = load(model_dir)
+            say(f"prompt lengths: tokenizing {path.name}'s prompts with {model_dir.name}'s chat template")
+            known = FileLengths(sha256=sha256, lengths=dict(_tokenized_lengths(path, tokenizer, prompt_key)))
+            record.files[path.name] = known
+            write_atomically(record_path, record.model_dump_json(indent=1) + "\n")
+        counts.update(known.lengths)
+    return PromptLengths(counts)
+
+
+def fitted(overrides: list[str], lengths: PromptLengths, say: Callable[[str], None]) -> list[str]:
+    """OVERRIDES with data.max_prompt_length lowered to the longest prompt when the profile's ceiling is above it."""
+    ceiling = int(override_value(overrides, KEY) or 0)
+    if not ceiling:  # verl's own default applies: nothing of the profile's to lower
+        return overrides
+    longer = lengths.longer_than(ceiling)
+    if longer:
+        kept = override_value(overrides, "data.filter_overlong_prompts") != "False"
+        fate = "verl leaves them out (data.filter_overlong_prompts)" if kept else "verl stops at the first of them"
+        say(f"prompt lengths: {longer} of {lengths.total} prompts are longer than {ceiling} tokens ({KEY}): {fate}")
+    length = min(ceiling, lengths.longest)
+    if length == ceiling:
+        return overrides
+    say(
+        f"prompt lengths: {KEY}={length}, the longest of {lengths.total} prompts "
+        f"(the profile's {ceiling} is a ceiling: a longer width is padding computed in every generated token)"
+    )
+    parsed = [Override.parse(raw) for raw in overrides]
+    return [f"{override.prefix}{KEY}={length}" if override.key == KEY else override.raw for override in parsed]

@@ -1,0 +1,117 @@
+"""data.max_prompt_length fitted to the data: the record beside the parquet files and the lowered override.
+
+The tokenizer is the one boundary faked here (the host has no transformers); the smoke's CPU check "prompt
+length fitted as verl counts" holds the same code to verl's own RLHFDataset filter in the image.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from verlbox.runtime.training import prompt_lengths
+from verlbox.runtime.training.data import DataError, to_verl_row, write_parquet
+from verlbox.runtime.training.prompt_lengths import KEY, PromptLengths, fitted, measure
+from verlbox.runtime.training.train import fit_prompt_length
+
+
+class WordTokenizer:
+    """A chat template of two words around each message; one token per word."""
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+        assert add_generation_prompt  # verl's filter asks for the assistant's opening too
+        words = [word for message in messages for word in ["<start>", *message["content"].split(), "<end>"]]
+        return list(range(len(words) + 1))
+
+
+def _data(folder: Path, extra_words: list[int]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [to_verl_row("q" + " w" * n, "#### 1", "train", i) for i, n in enumerate(extra_words)]
+    write_parquet(rows, folder / "train.parquet")
+    return folder / "train.parquet"
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    return folder
+
+
+def _counting_loader(loads: list[Path]):
+    def load(model_dir: Path) -> WordTokenizer:
+        loads.append(model_dir)
+        return WordTokenizer()
+
+    return load
+
+
+# the instruction verlbox appends to every GSM8K question, in words, and the template's three tokens
+BASE = len(to_verl_row("q", "#### 1", "train", 0)["prompt"][0]["content"].split()) + 3
+
+
+def test_lengths_are_measured_once_and_recorded_beside_the_data(tmp_path: Path, model: Path) -> None:
+    train = _data(tmp_path / "data", [0, 2, 5, 5])
+    loads: list[Path] = []
+    said: list[str] = []
+    first = measure([train], model, "prompt", said.append, _counting_loader(loads))
+    assert first.counts == Counter({BASE: 1, BASE + 2: 1, BASE + 5: 2}) and first.longest == BASE + 5
+    assert len(loads) == 1 and len(said) == 1 and "train.parquet" in said[0]
+    record = json.loads((tmp_path / "data" / prompt_lengths.RECORD).read_text())
+    assert record["prompt_key"] == "prompt" and set(record["files"]) == {"train.parquet"}
+    again = measure([train], model, "prompt", said.append, _counting_loader(loads))
+    assert again == first and len(loads) == 1 and len(said) == 1
+
+
+def test_new_rows_or_another_tokenizer_are_measured_again(tmp_path: Path, model: Path) -> None:
+    train = _data(tmp_path / "data", [1])
+    loads: list[Path] = []
+    assert measure([train], model, "prompt", print, _counting_loader(loads)).longest == BASE + 1
+    _data(tmp_path / "data", [1, 7])
+    assert measure([train], model, "prompt", print, _counting_loader(loads)).longest == BASE + 7
+    (model / "tokenizer.json").write_text('{"changed": true}')
+    measure([train], model, "prompt", print, _counting_loader(loads))
+    (tmp_path / "data" / prompt_lengths.RECORD).write_text("{not json")
+    measure([train], model, "prompt", print, _counting_loader(loads))
+    assert len(loads) == 4
+
+
+def test_a_file_without_the_prompt_column_is_named(tmp_path: Path, model: Path) -> None:
+    train = _data(tmp_path / "data", [1])
+    with pytest.raises(DataError, match=r"train\.parquet: no column 'question_text' \(data.prompt_key"):
+        measure([train], model, "question_text", print, _counting_loader([]))
+    assert not (tmp_path / "data" / prompt_lengths.RECORD).exists()
+
+
+def test_the_profile_width_is_a_ceiling_lowered_to_the_longest_prompt() -> None:
+    said: list[str] = []
+    overrides = ["data.train_batch_size=64", f"{KEY}=256", "data.max_response_length=256"]
+    lowered = fitted(overrides, PromptLengths(Counter({40: 3, 187: 1})), said.append)
+    assert lowered == ["data.train_batch_size=64", f"{KEY}=187", "data.max_response_length=256"]
+    assert len(said) == 1 and "the longest of 4 prompts" in said[0]
+
+
+def test_prompts_above_the_ceiling_are_counted_and_the_ceiling_kept() -> None:
+    said: list[str] = []
+    overrides = [f"{KEY}=256", "data.filter_overlong_prompts=True"]
+    assert fitted(overrides, PromptLengths(Counter({100: 7, 300: 2})), said.append) == overrides
+    assert said == [
+        f"prompt lengths: 2 of 9 prompts are longer than 256 tokens ({KEY}): verl leaves them out "
+        "(data.filter_overlong_prompts)"
+    ]
+    said.clear()
+    fitted([f"{KEY}=256", "data.filter_overlong_prompts=False"], PromptLengths(Counter({300: 1})), said.append)
+    assert said and said[0].endswith("verl stops at the first of them")
+
+
+def test_without_a_profile_width_nothing_changes() -> None:
+    assert fitted(["data.train_batch_size=8"], PromptLengths(Counter({10: 1})), print) == ["data.train_batch_size=8"]
+
+
+def test_a_width_the_user_gave_is_kept_and_nothing_is_measured(tmp_path: Path) -> None:
+    overrides = [f"{KEY}=100", f"data.train_files={tmp_path}/absent.parquet", "actor_rollout_ref.model.path=/nowhere"]
+    assert fit_prompt_length(overrides, [f"{KEY}=100"], print) == overrides
