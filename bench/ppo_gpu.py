@@ -201,8 +201,8 @@ def run(
 
     # the positions verl computes per step (every row padded to max prompt + max response) against real tokens;
     # the prompt width as train started verl (it lowers the profile's to the data's longest prompt)
-    started = read_runs(checkpoint_dir)[-1].overrides if (checkpoint_dir / RUN_FILE).is_file() else given
-    lengths = [int(override_value(started, f"data.max_{part}_length") or 0) for part in ("prompt", "response")]
+    as_started = read_runs(checkpoint_dir)[-1].overrides if (checkpoint_dir / RUN_FILE).is_file() else given
+    lengths = [int(override_value(as_started, f"data.max_{part}_length") or 0) for part in ("prompt", "response")]
     computed = batch * answers * sum(lengths)
     real = median_of("perf/total_num_tokens")
     return {
