@@ -156,6 +156,15 @@ def test_cli_without_pyarrow_says_what_to_do(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
+def test_cli_model_without_transformers_says_what_to_do_and_writes_nothing(tmp_path: Path) -> None:
+    source = jsonl_layout(tmp_path / "s")
+    out = tmp_path / "o"
+    command = ("prepare-data", "gsm8k", "--source", str(source), "--out", str(out), "--model", str(tmp_path / "m"))
+    result = run_verlbox(*command, env=hide_modules(tmp_path, "transformers"))
+    assert result.returncode == 2 and not out.exists()
+    assert result.stderr.startswith("verlbox: error: prepare-data --model needs transformers, which is not installed")
+
+
 def test_parquet_files_get_the_mode_an_ordinary_write_gives(tmp_path: Path) -> None:
     source = jsonl_layout(tmp_path / "source")
     umask = os.umask(0o027)

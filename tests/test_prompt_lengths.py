@@ -115,3 +115,13 @@ def test_without_a_profile_width_nothing_changes() -> None:
 def test_a_width_the_user_gave_is_kept_and_nothing_is_measured(tmp_path: Path) -> None:
     overrides = [f"{KEY}=100", f"data.train_files={tmp_path}/absent.parquet", "actor_rollout_ref.model.path=/nowhere"]
     assert fit_prompt_length(overrides, [f"{KEY}=100"], print) == overrides
+
+
+def test_a_record_that_cannot_be_written_is_said_and_the_run_goes_on(tmp_path: Path, model: Path) -> None:
+    # root (CI) writes through any mode: a folder in the record's place refuses the write for everyone
+    train = _data(tmp_path / "data", [3])
+    (tmp_path / "data" / prompt_lengths.RECORD).mkdir()
+    said: list[str] = []
+    assert measure([train], model, "prompt", said.append, _counting_loader([])).longest == BASE + 3
+    assert said[-1].startswith("prompt lengths: not recorded (") and "cannot write here" in said[-1]
+    assert sorted(path.name for path in (tmp_path / "data").iterdir()) == [prompt_lengths.RECORD, "train.parquet"]

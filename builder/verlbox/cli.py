@@ -262,6 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--source", required=True, help="hub layout, datasets.save_to_disk folder, or JSONL folder")
     prepare.add_argument("--out", required=True, help="the folder for {train,test,validation}.parquet")
     prepare.add_argument("--validation-size", type=int, default=256, help="test rows kept for validation")
+    prepare.add_argument(
+        "--model",
+        help="also record every prompt's length with this model's tokenizer, as `train` does on first start "
+        "(train lowers data.max_prompt_length to the longest; needs transformers: the image has it)",
+    )
 
     init = sub["init"]
     init.add_argument("directory", nargs="?", default=".", help="the run folder (default: the current one)")

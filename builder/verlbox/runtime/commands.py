@@ -99,11 +99,23 @@ def prepare_data(args: argparse.Namespace) -> int:
             "prepare-data needs pyarrow, which is not installed here: `pip install pyarrow`, or let `train` "
             "prepare the data in the image on first start"
         )
+    if args.model and _missing("transformers"):
+        raise UsageError(
+            "prepare-data --model needs transformers, which is not installed here: run it in the image "
+            "(`verlbox shell`), or leave --model out and let `train` record the prompt lengths on first start"
+        )
+    from verlbox.runtime.training import prompt_lengths
     from verlbox.runtime.training.data import prepare_gsm8k
 
-    written = prepare_gsm8k(Path(args.source), Path(args.out), validation_size=args.validation_size)
+    folder = Path(args.out)
+    written = prepare_gsm8k(Path(args.source), folder, validation_size=args.validation_size)
     for name, (rows, changed) in written.items():
-        out.print(f"{Path(args.out) / name}.parquet: {rows} rows{'' if changed else ' (unchanged)'}")
+        out.print(f"{folder / name}.parquet: {rows} rows{'' if changed else ' (unchanged)'}")
+    if args.model:
+        # the files the profiles train and validate on, so train's first start finds them measured
+        files = [folder / "train.parquet", folder / "validation.parquet"]
+        lengths = prompt_lengths.measure(files, Path(args.model), "prompt", lambda line: out.print(line, markup=False))
+        out.print(f"{folder / prompt_lengths.RECORD}: {lengths.total} prompts, the longest {lengths.longest} tokens")
     return 0
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from verlbox.errors import UsageError
 from verlbox.files import write_atomically
 from verlbox.runtime.steps.apex_build import file_sha256
 from verlbox.runtime.training.data import DataError
@@ -130,7 +131,10 @@ def measure(
             say(f"prompt lengths: tokenizing {path.name}'s prompts with {model_dir.name}'s chat template")
             known = FileLengths(sha256=sha256, lengths=dict(_tokenized_lengths(path, tokenizer, prompt_key)))
             record.files[path.name] = known
-            write_atomically(record_path, record.model_dump_json(indent=1) + "\n")
+            try:
+                write_atomically(record_path, record.model_dump_json(indent=1) + "\n")
+            except UsageError as exc:  # a read-only data folder: measured again at the next start
+                say(f"prompt lengths: not recorded ({exc})")
         counts.update(known.lengths)
     return PromptLengths(counts)
 
