@@ -188,12 +188,15 @@ def image(build_output: subprocess.CompletedProcess[str]) -> str:
 
 
 def pass_the_gpu_preflight(monkeypatch: pytest.MonkeyPatch, train_module: Any) -> None:
-    """`train` on a machine without a GPU, past its preflight as on one P40 (the GPU probe and checks faked)."""
+    """`train` on a machine without a GPU, past its preflight as on one P40 (the GPU probe, checks and the data
+    they prepare faked)."""
     from verlbox.runtime.training import preflight
 
     p40 = preflight.GpuFacts([preflight.GpuDevice("Tesla P40", "6.1", 22.4, 22.2)], ["sm_61"], "12.4", "550.54.14")
     monkeypatch.setattr(train_module, "local_gpu_facts", lambda cap: p40)
     monkeypatch.setattr(train_module, "run_preflight", lambda *args: [preflight.Check("gpu", True, "a fake P40")])
+    # the faked preflight made no data to measure: the profile's prompt width stays (smoke's GPU runs check the fit)
+    monkeypatch.setattr(train_module, "fit_prompt_length", lambda overrides, user, say: overrides)
 
 
 def git_shaped_archive(folder: Path, commit: str, files: dict[str, bytes], mtime: int = 0) -> Path:

@@ -134,6 +134,7 @@ from verlbox.runtime.training import preflight, train
 p40 = preflight.GpuFacts([preflight.GpuDevice("Tesla P40", "6.1", 22.4, 22.2)], ["sm_61"], "12.4", "550.54.14")
 train.local_gpu_facts = lambda cap: p40
 train.run_preflight = lambda *args: [preflight.Check("gpu", True, "a fake P40")]
+train.fit_prompt_length = lambda overrides, user, say: overrides
 train.train_command = lambda overrides: [sys.executable, sys.argv[1], sys.argv[2], sys.argv[3]]
 spec = load_recipe("p40-cu124").image_spec()
 user = json.loads(sys.argv[4])
