@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def model(tmp_path: Path) -> Path:
     return folder
 
 
-def _counting_loader(loads: list[Path]):
+def _counting_loader(loads: list[Path]) -> Callable[[Path], WordTokenizer]:
     def load(model_dir: Path) -> WordTokenizer:
         loads.append(model_dir)
         return WordTokenizer()
@@ -103,13 +104,39 @@ def test_prompts_above_the_ceiling_are_counted_and_the_ceiling_kept() -> None:
         f"prompt lengths: 2 of 9 prompts are longer than 256 tokens ({KEY}): verl leaves them out "
         "(data.filter_overlong_prompts)"
     ]
+    unfiltered = [f"{KEY}=256", "data.filter_overlong_prompts=False"]
     said.clear()
-    fitted([f"{KEY}=256", "data.filter_overlong_prompts=False"], PromptLengths(Counter({300: 1})), said.append)
-    assert said and said[0].endswith("verl stops at the first of them")
+    fitted(unfiltered, PromptLengths(Counter({300: 1})), said.append)
+    assert said and said[0].endswith("verl stops at the first of them (data.truncation=error)")
+    said.clear()
+    fitted([*unfiltered, "data.truncation=left"], PromptLengths(Counter({300: 1})), said.append)
+    assert said and said[0].endswith("verl cuts them to the width (data.truncation=left)")
 
 
-def test_without_a_profile_width_nothing_changes() -> None:
+def test_without_a_profile_width_or_any_prompt_nothing_changes() -> None:
     assert fitted(["data.train_batch_size=8"], PromptLengths(Counter({10: 1})), print) == ["data.train_batch_size=8"]
+    assert fitted([f"{KEY}=256"], PromptLengths(Counter()), print) == [f"{KEY}=256"]
+
+
+def test_a_model_folder_without_tokenizer_files_is_measured_but_never_recorded(tmp_path: Path) -> None:
+    # nothing would tell its record from another such model's
+    bare = tmp_path / "bare-model"
+    bare.mkdir()
+    train = _data(tmp_path / "data", [2])
+    loads: list[Path] = []
+    for _ in range(2):
+        assert measure([train], bare, "prompt", print, _counting_loader(loads)).longest == BASE + 2
+    assert len(loads) == 2 and not (tmp_path / "data" / prompt_lengths.RECORD).exists()
+
+
+def test_a_record_of_another_format_is_measured_again(tmp_path: Path, model: Path) -> None:
+    train = _data(tmp_path / "data", [2])
+    loads: list[Path] = []
+    measure([train], model, "prompt", print, _counting_loader(loads))
+    record = tmp_path / "data" / prompt_lengths.RECORD
+    record.write_text(record.read_text().replace('"format": 1', '"format": 2'))
+    measure([train], model, "prompt", print, _counting_loader(loads))
+    assert len(loads) == 2 and json.loads(record.read_text())["format"] == prompt_lengths.RECORD_FORMAT
 
 
 def test_a_width_the_user_gave_is_kept_and_nothing_is_measured(tmp_path: Path) -> None:

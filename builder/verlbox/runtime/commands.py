@@ -99,6 +99,8 @@ def prepare_data(args: argparse.Namespace) -> int:
             "prepare-data needs pyarrow, which is not installed here: `pip install pyarrow`, or let `train` "
             "prepare the data in the image on first start"
         )
+    if args.model and not Path(args.model).is_dir():
+        raise UsageError(f"--model {args.model}: no such folder (the model's folder, for its tokenizer)")
     if args.model and _missing("transformers"):
         raise UsageError(
             "prepare-data --model needs transformers, which is not installed here: run it in the image "

@@ -33,7 +33,10 @@ TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "vocab.json",
+    "vocab.txt",
     "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
     "special_tokens_map.json",
     "added_tokens.json",
     "chat_template.jinja",
@@ -74,17 +77,19 @@ class PromptLengths:
         return sum(count for length, count in self.counts.items() if length > ceiling)
 
 
-def tokenizer_digest(model_dir: Path) -> str:
+def tokenizer_digest(model_dir: Path) -> str | None:
+    """The tokenizer's files, hashed; None when the folder has none of them (nothing to tell two models apart)."""
     files = [(name, file_sha256(model_dir / name)) for name in TOKENIZER_FILES if (model_dir / name).is_file()]
-    return hashlib.sha256(json.dumps(files).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(files).encode()).hexdigest() if files else None
 
 
 def _read_record(path: Path) -> Record | None:
-    """The folder's record, or None when there is none or it cannot be read (it is measured again)."""
+    """The folder's record, or None when there is none, it cannot be read or an older verlbox wrote it."""
     try:
-        return Record.model_validate_json(path.read_text())
+        record = Record.model_validate_json(path.read_text())
     except (OSError, ValidationError):
         return None
+    return record if record.format == RECORD_FORMAT else None
 
 
 def _tokenized_lengths(path: Path, tokenizer: object, prompt_key: str) -> Counter[int]:
@@ -100,10 +105,12 @@ def _tokenized_lengths(path: Path, tokenizer: object, prompt_key: str) -> Counte
     return Counter(len(apply(messages, add_generation_prompt=True)) for messages in prompts)
 
 
-def load_tokenizer(model_dir: Path) -> object:
+def load_tokenizer(model_dir: Path, trust_remote_code: bool = False) -> object:
+    """MODEL_DIR's tokenizer as verl loads it (its data.trust_remote_code), from the folder only: a mistyped
+    path is an error here, never a download."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    return AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
 
 
 def measure(
@@ -120,35 +127,42 @@ def measure(
     counts: Counter[int] = Counter()
     for path in files:
         record_path = path.parent / RECORD
-        record = _read_record(record_path)
+        record = _read_record(record_path) if digest else None
         if record is None or record.tokenizer != digest or record.prompt_key != prompt_key:
-            record = Record(format=RECORD_FORMAT, tokenizer=digest, prompt_key=prompt_key, files={})
+            record = Record(format=RECORD_FORMAT, tokenizer=digest or "", prompt_key=prompt_key, files={})
         sha256 = file_sha256(path)
         known = record.files.get(path.name)
         if known is None or known.sha256 != sha256:
-            if tokenizer is None:  # loaded once, and only when something is to be measured
+            # the real tokenizer takes seconds to load: a start whose files are all recorded never needs it
+            if tokenizer is None:
                 tokenizer = load(model_dir)
             say(f"prompt lengths: tokenizing {path.name}'s prompts with {model_dir.name}'s chat template")
             known = FileLengths(sha256=sha256, lengths=dict(_tokenized_lengths(path, tokenizer, prompt_key)))
             record.files[path.name] = known
-            try:
-                write_atomically(record_path, record.model_dump_json(indent=1) + "\n")
-            except UsageError as exc:  # a read-only data folder: measured again at the next start
-                say(f"prompt lengths: not recorded ({exc})")
+            if digest:  # a record that could not tell this tokenizer from another would mislead the next start
+                _write_record(record_path, record, say)
         counts.update(known.lengths)
     return PromptLengths(counts)
+
+
+def _write_record(path: Path, record: Record, say: Callable[[str], None]) -> None:
+    try:
+        write_atomically(path, record.model_dump_json(indent=1) + "\n")
+    except UsageError as exc:  # a read-only data folder: measured again at the next start
+        say(f"prompt lengths: not recorded ({exc})")
 
 
 def fitted(overrides: list[str], lengths: PromptLengths, say: Callable[[str], None]) -> list[str]:
     """OVERRIDES with data.max_prompt_length lowered to the longest prompt when the profile's ceiling is above it."""
     ceiling = int(override_value(overrides, KEY) or 0)
-    if not ceiling:  # verl's own default applies: nothing of the profile's to lower
+    if not ceiling or not lengths.total:  # verl's own default applies, or there is nothing to fit to
         return overrides
     longer = lengths.longer_than(ceiling)
     if longer:
-        kept = override_value(overrides, "data.filter_overlong_prompts") != "False"
-        fate = "verl leaves them out (data.filter_overlong_prompts)" if kept else "verl stops at the first of them"
-        say(f"prompt lengths: {longer} of {lengths.total} prompts are longer than {ceiling} tokens ({KEY}): {fate}")
+        say(
+            f"prompt lengths: {longer} of {lengths.total} prompts are longer than {ceiling} tokens ({KEY}): "
+            + _overlong_fate(overrides)
+        )
     length = min(ceiling, lengths.longest)
     if length == ceiling:
         return overrides
@@ -158,3 +172,13 @@ def fitted(overrides: list[str], lengths: PromptLengths, say: Callable[[str], No
     )
     parsed = [Override.parse(raw) for raw in overrides]
     return [f"{override.prefix}{KEY}={length}" if override.key == KEY else override.raw for override in parsed]
+
+
+def _overlong_fate(overrides: list[str]) -> str:
+    """What verl 0.4.1's RLHFDataset does with a prompt over the width (its defaults: filter on, truncation error)."""
+    if override_value(overrides, "data.filter_overlong_prompts") != "False":
+        return "verl leaves them out (data.filter_overlong_prompts)"
+    truncation = override_value(overrides, "data.truncation") or "error"
+    if truncation == "error":
+        return "verl stops at the first of them (data.truncation=error)"
+    return f"verl cuts them to the width (data.truncation={truncation})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -214,7 +215,9 @@ def fit_prompt_length(overrides: list[str], user: list[str], say: Callable[[str]
     files = [Path(v) for key in DATA_KEYS if (v := override_value(overrides, key))]
     model = Path(override_value(overrides, MODEL_KEY) or "")
     prompt_key = override_value(overrides, "data.prompt_key") or "prompt"
-    return prompt_lengths.fitted(overrides, prompt_lengths.measure(files, model, prompt_key, say), say)
+    remote_code = (override_value(overrides, "data.trust_remote_code") or "").lower() == "true"
+    load = functools.partial(prompt_lengths.load_tokenizer, trust_remote_code=remote_code)
+    return prompt_lengths.fitted(overrides, prompt_lengths.measure(files, model, prompt_key, say, load), say)
 
 
 def prepare_inputs(overrides: list[str], environ: dict[str, str], console: Console) -> list[preflight.Check]:
@@ -306,8 +309,8 @@ def train(
         overrides = verified_overrides(plan, user_overrides)
         console.print(f"training on {topology.describe()}: {topology.world_size} GPU(s)")
         if dry_run:
-            if override_value(user_overrides, prompt_lengths.KEY) is None:
-                width = override_value(overrides, prompt_lengths.KEY)
+            width = override_value(overrides, prompt_lengths.KEY)
+            if width and override_value(user_overrides, prompt_lengths.KEY) is None:
                 say(f"{prompt_lengths.KEY}={width} at most: at start it is lowered to the data's longest prompt")
             checkpoints.check_resume(overrides, plan.profile.name, environ, say, dry_run=True)
             checkpoints.prepare(overrides, environ, say, dry_run=True)
