@@ -160,21 +160,28 @@ def test_cli_model_without_transformers_says_what_to_do_and_writes_nothing(tmp_p
     source = jsonl_layout(tmp_path / "s")
     out = tmp_path / "o"
     (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "tokenizer.json").write_text("{}")
     command = ("prepare-data", "gsm8k", "--source", str(source), "--out", str(out), "--model", str(tmp_path / "m"))
     result = run_verlbox(*command, env=hide_modules(tmp_path, "transformers"))
     assert result.returncode == 2 and not out.exists()
     assert result.stderr.startswith("verlbox: error: prepare-data --model needs transformers, which is not installed")
 
 
-def test_cli_model_that_is_no_folder_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+def test_cli_model_that_is_no_tokenizer_folder_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     out = tmp_path / "o"
     absent = tmp_path / "models" / "Qwen"
     command = ("prepare-data", "gsm8k", "--source", str(jsonl_layout(tmp_path / "s")), "--out", str(out))
     # transformers hidden as well: the folder is checked first, on a host with or without it
-    result = run_verlbox(*command, "--model", str(absent), env=hide_modules(tmp_path, "transformers"))
+    hidden = hide_modules(tmp_path, "transformers")
+    result = run_verlbox(*command, "--model", str(absent), env=hidden)
     assert result.returncode == 2 and not out.exists()
     said = f"--model {absent}: no such folder (the model's folder, for its tokenizer)"
     assert result.stderr == f"verlbox: error: {said}\n"
+    absent.mkdir(parents=True)
+    (absent / "config.json").write_text("{}")
+    result = run_verlbox(*command, "--model", str(absent), env=hidden)
+    assert result.returncode == 2 and not out.exists()
+    assert result.stderr.startswith(f"verlbox: error: --model {absent}: no tokenizer files in it (tokenizer.json, ")
 
 
 def test_parquet_files_get_the_mode_an_ordinary_write_gives(tmp_path: Path) -> None:

@@ -104,7 +104,11 @@ def test_prompts_above_the_ceiling_are_counted_and_the_ceiling_kept() -> None:
         f"prompt lengths: 2 of 9 prompts are longer than 256 tokens ({KEY}): verl leaves them out "
         "(data.filter_overlong_prompts)"
     ]
-    unfiltered = [f"{KEY}=256", "data.filter_overlong_prompts=False"]
+    # unset, verl 0.4.1's ppo_trainer.yaml has the filter off; Hydra reads false and False alike
+    assert fitted([f"{KEY}=256"], PromptLengths(Counter({300: 1})), said.append) == [f"{KEY}=256"]
+    assert fitted([f"{KEY}=256", "data.filter_overlong_prompts=true"], PromptLengths(Counter({300: 1})), said.append)
+    assert said[-2].endswith("(data.truncation=error)") and said[-1].endswith("(data.filter_overlong_prompts)")
+    unfiltered = [f"{KEY}=256", "data.filter_overlong_prompts=false"]
     said.clear()
     fitted(unfiltered, PromptLengths(Counter({300: 1})), said.append)
     assert said and said[0].endswith("verl stops at the first of them (data.truncation=error)")
@@ -152,3 +156,29 @@ def test_a_record_that_cannot_be_written_is_said_and_the_run_goes_on(tmp_path: P
     assert measure([train], model, "prompt", said.append, _counting_loader([])).longest == BASE + 3
     assert said[-1].startswith("prompt lengths: not recorded (") and "cannot write here" in said[-1]
     assert sorted(path.name for path in (tmp_path / "data").iterdir()) == [prompt_lengths.RECORD, "train.parquet"]
+
+
+def test_train_measures_with_verls_remote_code_flag_and_lowers_the_width(
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    train = _data(tmp_path / "data", [4, 9])
+    validation = _data(tmp_path / "validation", [11])
+    loaded: list[tuple[Path, bool]] = []
+
+    def load(model_dir: Path, trust_remote_code: bool = False) -> WordTokenizer:
+        loaded.append((model_dir, trust_remote_code))
+        return WordTokenizer()
+
+    monkeypatch.setattr(prompt_lengths, "load_tokenizer", load)
+    overrides = [
+        f"data.train_files={train}",
+        f"data.val_files={validation}",
+        f"{KEY}=256",
+        f"actor_rollout_ref.model.path={model}",
+        "data.trust_remote_code=True",
+    ]
+    said: list[str] = []
+    assert f"{KEY}={BASE + 11}" in fit_prompt_length(overrides, [], said.append)
+    assert loaded == [(model, True)]
+    assert (tmp_path / "data" / prompt_lengths.RECORD).is_file()
+    assert (tmp_path / "validation" / prompt_lengths.RECORD).is_file()

@@ -99,15 +99,11 @@ def prepare_data(args: argparse.Namespace) -> int:
             "prepare-data needs pyarrow, which is not installed here: `pip install pyarrow`, or let `train` "
             "prepare the data in the image on first start"
         )
-    if args.model and not Path(args.model).is_dir():
-        raise UsageError(f"--model {args.model}: no such folder (the model's folder, for its tokenizer)")
-    if args.model and _missing("transformers"):
-        raise UsageError(
-            "prepare-data --model needs transformers, which is not installed here: run it in the image "
-            "(`verlbox shell`), or leave --model out and let `train` record the prompt lengths on first start"
-        )
     from verlbox.runtime.training import prompt_lengths
     from verlbox.runtime.training.data import prepare_gsm8k
+
+    if args.model:  # refused before anything is written
+        _check_tokenizer_folder(Path(args.model))
 
     folder = Path(args.out)
     written = prepare_gsm8k(Path(args.source), folder, validation_size=args.validation_size)
@@ -117,8 +113,22 @@ def prepare_data(args: argparse.Namespace) -> int:
         # the files the profiles train and validate on, so train's first start finds them measured
         files = [folder / "train.parquet", folder / "validation.parquet"]
         lengths = prompt_lengths.measure(files, Path(args.model), "prompt", lambda line: out.print(line, markup=False))
-        out.print(f"{folder / prompt_lengths.RECORD}: {lengths.total} prompts, the longest {lengths.longest} tokens")
+        out.print(f"prompt lengths: {lengths.total} prompts, the longest {lengths.longest} tokens")
     return 0
+
+
+def _check_tokenizer_folder(model: Path) -> None:
+    from verlbox.runtime.training import prompt_lengths
+
+    if not model.is_dir():
+        raise UsageError(f"--model {model}: no such folder (the model's folder, for its tokenizer)")
+    if prompt_lengths.tokenizer_digest(model) is None:
+        raise UsageError(f"--model {model}: no tokenizer files in it ({', '.join(prompt_lengths.TOKENIZER_FILES)})")
+    if _missing("transformers"):
+        raise UsageError(
+            "prepare-data --model needs transformers, which is not installed here: run it in the image "
+            "(`verlbox shell`), or leave --model out and let `train` record the prompt lengths on first start"
+        )
 
 
 def fetch(args: argparse.Namespace) -> int:

@@ -175,10 +175,11 @@ def fitted(overrides: list[str], lengths: PromptLengths, say: Callable[[str], No
 
 
 def _overlong_fate(overrides: list[str]) -> str:
-    """What verl 0.4.1's RLHFDataset does with a prompt over the width (its defaults: filter on, truncation error)."""
-    if override_value(overrides, "data.filter_overlong_prompts") != "False":
+    """What verl 0.4.1 does with a prompt over the width; unset, its ppo_trainer.yaml has the filter off and
+    truncation "error" (Hydra reads true/True alike)."""
+    if (override_value(overrides, "data.filter_overlong_prompts") or "false").lower() == "true":
         return "verl leaves them out (data.filter_overlong_prompts)"
-    truncation = override_value(overrides, "data.truncation") or "error"
+    truncation = (override_value(overrides, "data.truncation") or "error").lower()
     if truncation == "error":
         return "verl stops at the first of them (data.truncation=error)"
     return f"verl cuts them to the width (data.truncation={truncation})"
