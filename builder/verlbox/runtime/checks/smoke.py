@@ -30,12 +30,12 @@ from verlbox.runtime.steps.apex_build import SOURCE_RECORD, fatbin_architectures
 from verlbox.runtime.steps.apex_facts import ApexFacts, apex_facts
 from verlbox.runtime.training import preflight, prompt_lengths, run_record
 from verlbox.runtime.training.data import prepare_gsm8k, to_verl_row, write_parquet
-from verlbox.runtime.training.overrides import compose, installed_verl_config_dir, override_value
+from verlbox.runtime.training.overrides import compose, installed_verl_config_dir, merge_overrides, override_value
 from verlbox.runtime.training.patches import PatchState, patch_set_for, verify
 from verlbox.runtime.training.profile import TrainingPlan, profile_names
 from verlbox.runtime.training.progress import METRICS_FILE, StepRecord, read_metrics, validation_reward
 from verlbox.runtime.training.spec import SPEC_VARIABLE, ImageSpec
-from verlbox.runtime.training.train import merge_overrides, verified_overrides
+from verlbox.runtime.training.train import verified_overrides
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,22 @@ def override_value(overrides: list[str], key: str) -> str | None:
     return values[-1] if values else None
 
 
+def merge_overrides(profile: list[str], user: list[str]) -> list[str]:
+    """The user's value wins for a key the profile sets, keeping the profile's `+` where it needed one."""
+    merged: dict[str, Override] = {}
+    for raw in profile:
+        override = Override.parse(raw)
+        merged[override.key] = override
+    for raw in user:
+        override = Override.parse(raw)
+        previous = merged.get(override.key)
+        prefix = override.prefix or (previous.prefix if previous else "")
+        merged[override.key] = Override(
+            f"{prefix}{override.key}={override.value}", prefix, override.key, override.value
+        )
+    return [override.raw for override in merged.values()]
+
+
 def override_int(overrides: list[str], key: str, default: int) -> int:
     """An integer the overrides give `key`; verlbox reads a few before Hydra runs, so no interpolation."""
     value = override_value(overrides, key)

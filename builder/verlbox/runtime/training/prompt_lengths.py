@@ -23,7 +23,7 @@ from verlbox.errors import UsageError
 from verlbox.files import write_atomically
 from verlbox.runtime.steps.apex_build import file_sha256
 from verlbox.runtime.training.data import DataError
-from verlbox.runtime.training.overrides import Override, override_value
+from verlbox.runtime.training.overrides import merge_overrides, override_value
 
 KEY = "data.max_prompt_length"
 RECORD = "prompt-lengths.json"
@@ -170,8 +170,7 @@ def fitted(overrides: list[str], lengths: PromptLengths, say: Callable[[str], No
         f"prompt lengths: {KEY}={length}, the longest of {lengths.total} prompts "
         f"(the profile's {ceiling} is a ceiling: a longer width is padding computed in every generated token)"
     )
-    parsed = [Override.parse(raw) for raw in overrides]
-    return [f"{override.prefix}{KEY}={length}" if override.key == KEY else override.raw for override in parsed]
+    return merge_overrides(overrides, [f"{KEY}={length}"])
 
 
 def _overlong_fate(overrides: list[str]) -> str:

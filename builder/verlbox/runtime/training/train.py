@@ -32,9 +32,9 @@ from verlbox.runtime.training import (
 from verlbox.runtime.training.data import prepare_gsm8k
 from verlbox.runtime.training.memory_cap import SITECUSTOMIZE_DIR
 from verlbox.runtime.training.overrides import (
-    Override,
     OverrideError,
     check_overrides,
+    merge_overrides,
     override_int,
     override_value,
     verl_config_dir,
@@ -53,20 +53,9 @@ RAY_OVERRIDE_JOB_ENV = "RAY_OVERRIDE_JOB_RUNTIME_ENV"
 PROGRESS_MODE = "VERLBOX_PROGRESS"
 
 
-def merge_overrides(profile: list[str], user: list[str]) -> list[str]:
-    """The user's value wins for a key the profile sets, keeping the profile's `+` where it needed one."""
-    merged: dict[str, Override] = {}
-    for raw in profile:
-        override = Override.parse(raw)
-        merged[override.key] = override
-    for raw in user:
-        override = Override.parse(raw)
-        previous = merged.get(override.key)
-        prefix = override.prefix or (previous.prefix if previous else "")
-        merged[override.key] = Override(
-            f"{prefix}{override.key}={override.value}", prefix, override.key, override.value
-        )
-    return [override.raw for override in merged.values()]
+def data_files(overrides: list[str]) -> list[Path]:
+    """The parquet files verl trains and validates on, as the overrides name them."""
+    return [Path(v) for key in DATA_KEYS if (v := override_value(overrides, key))]
 
 
 def verified_overrides(plan: TrainingPlan, user: list[str]) -> list[str]:
@@ -192,7 +181,7 @@ def raw_gsm8k_folder(environ: dict[str, str]) -> Path:
 
 def ensure_data(overrides: list[str], environ: dict[str, str], console: Console) -> preflight.Check:
     """verl's parquet files, made from the raw GSM8K download (fetched first when missing) unless already there."""
-    files = [Path(v) for key in DATA_KEYS if (v := override_value(overrides, key))]
+    files = data_files(overrides)
     raw = raw_gsm8k_folder(environ)
     if all(path.is_file() for path in files):  # opened, not only found: a half-copied file is rebuilt or named
         return preflight.check_data(files, raw, lambda text: console.print(text, markup=False))
@@ -212,7 +201,7 @@ def fit_prompt_length(overrides: list[str], user: list[str], say: Callable[[str]
     """The profile's data.max_prompt_length lowered to the data's longest prompt; a value the user gave is kept."""
     if override_value(user, prompt_lengths.KEY) is not None:
         return overrides
-    files = [Path(v) for key in DATA_KEYS if (v := override_value(overrides, key))]
+    files = data_files(overrides)
     model = Path(override_value(overrides, MODEL_KEY) or "")
     prompt_key = override_value(overrides, "data.prompt_key") or "prompt"
     remote_code = (override_value(overrides, "data.trust_remote_code") or "").lower() == "true"
@@ -443,7 +432,7 @@ def new_run(
         model=str(model),
         model_commit=fetched.commit if fetched else None,
         data_commit=data_fetched.commit if data_fetched else None,
-        data=run_record.file_hashes(Path(v) for key in DATA_KEYS if (v := override_value(overrides, key))),
+        data=run_record.file_hashes(data_files(overrides)),
     )
 
 
