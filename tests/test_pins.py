@@ -178,8 +178,19 @@ def test_a_version_without_a_file_for_the_recipe_s_python_is_not_served() -> Non
             finding = pins.check_on_index(Http(None, 5), f"{upstream}/simple", "numpy", "1.26.4", python)
             assert finding.served is served
         missing = pins.check_on_index(Http(None, 5), f"{upstream}/simple", "numpy", "1.25.0", "3.10")
-    assert finding.answer == "1.26.4 is listed, but no file for CPython 3.10 on linux x86_64"
+    assert finding.answer == "1.26.4 is listed, but no file for CPython 3.10 on linux x86_64, glibc 2.35"
     assert missing.answer == "no 1.25.0 on this index (newest: 2.1.0)"
+
+
+def test_a_wheel_that_needs_a_newer_glibc_than_every_base_has_is_not_served() -> None:
+    """Ubuntu 22.04 (p40's base) has glibc 2.35: a manylinux_2_39 wheel would not install there."""
+    too_new = "numpy-1.26.4-cp310-cp310-manylinux_2_39_x86_64.whl"
+    fits = "numpy-1.26.4-cp310-cp310-manylinux_2_35_x86_64.whl"
+    for listed, served in ((too_new, False), (fits, True)):
+        with serve_files({"/simple/numpy/": f'<a href="{listed}">{listed}</a>'.encode()}) as upstream:
+            finding = pins.check_on_index(Http(None, 5), f"{upstream}/simple", "numpy", "1.26.4", "3.10")
+        assert finding.served is served, (listed, finding.answer)
+    assert pins.PLATFORM == "x86_64-manylinux_2_35"  # uv's rehearsal holds the same floor
 
 
 def test_an_unreachable_upstream_fails_its_pins_and_the_run_exits_1(

@@ -46,8 +46,11 @@ from verlbox.runtime.steps.urls import split_userinfo
 
 # NVIDIA's CUDA apt repositories, where a CUDA base's cuDNN packages come from (a mirror: --nvidia-repo-url)
 NVIDIA_CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
-PLATFORM = "x86_64-manylinux_2_28"  # uv's name for the platform every image here runs on
-LINUX_X86_64 = [f"manylinux_2_{minor}_x86_64" for minor in range(39, 4, -1)]
+# the oldest glibc of any base a recipe names (Ubuntu 22.04's 2.35; bookworm has 2.36): a wheel that needs a
+# newer one would not install in the image, so neither the tag check nor uv's rehearsal may accept it
+GLIBC_MINOR = 35
+PLATFORM = f"x86_64-manylinux_2_{GLIBC_MINOR}"  # uv's name for that platform
+LINUX_X86_64 = [f"manylinux_2_{minor}_x86_64" for minor in range(GLIBC_MINOR, 4, -1)]
 LINUX_X86_64 += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
 
 
@@ -148,7 +151,12 @@ def check_on_index(http: Http, index_url: str, name: str, version: str, python: 
         return Finding(pin, host, False, f"no {version} on this index" + (f" (newest: {newest})" if newest else ""))
     usable = [yanked for file_tags, yanked in matching if file_tags is None or file_tags & supported]
     if not usable:
-        return Finding(pin, host, False, f"{version} is listed, but no file for CPython {python} on linux x86_64")
+        return Finding(
+            pin,
+            host,
+            False,
+            f"{version} is listed, but no file for CPython {python} on linux x86_64, glibc 2.{GLIBC_MINOR}",
+        )
     return Finding(
         pin, host, True, "served" + (" (yanked: pip takes it only when pinned, as here)" if all(usable) else "")
     )
