@@ -15,7 +15,7 @@ from conftest import REPO, docker, run_verlbox
 from verlbox.host.building.build import default_tag
 from verlbox.host.building.plan import BuildPlan
 from verlbox.host.recipes.recipe import load_recipe
-from verlbox.host.runs.runfolder import ENV_HEADER, FOLDERS, newest_first
+from verlbox.host.runs.runfolder import ENV_HEADER, FOLDERS, FoundImage, newest_current, newest_first
 
 IMAGE = "verlbox-test/init:given"
 # No engine answers here, so the newest-image lookup cannot depend on what this engine holds.
@@ -271,15 +271,16 @@ def test_the_newest_tagged_image_wins_and_staging_tags_never_do() -> None:
         {"Created": 200, "RepoTags": ["verlbox/p40-cu124:0.1.0", "mine/p40:latest"]},
         {"Created": 200, "RepoTags": []},
     ]
-    assert newest_first(listed) == ["mine/p40:latest", "verlbox/p40-cu124:0.1.0", "verlbox/p40:0.1.0"]
+    found = [image.tag for image in newest_first(listed)]
+    assert found == ["mine/p40:latest", "verlbox/p40-cu124:0.1.0", "verlbox/p40:0.1.0"]
     assert newest_first(listed[1:3]) == []
 
 
-def build_labelled(folder: Path, tag: str, epoch: int, label: bool, more: str = "") -> None:
+def build_labelled(folder: Path, tag: str, epoch: int, label: bool, more: str = "", recipe: str = "init-test") -> None:
     """A two-byte image FROM scratch, dated EPOCH (BuildKit's SOURCE_DATE_EPOCH sets its Created)."""
     folder.mkdir()
     (folder / "marker").write_text(tag)
-    labels = f"LABEL io.verlbox.recipe=init-test{more}\n" if label else ""
+    labels = f"LABEL io.verlbox.recipe={recipe}{more}\n" if label else ""
     (folder / "Dockerfile").write_text(f"FROM scratch\n{labels}COPY marker /marker\n")
     docker("buildx", "build", "-q", "--load", "--build-arg", f"SOURCE_DATE_EPOCH={epoch}", "-t", tag, str(folder))
 
@@ -308,6 +309,46 @@ def test_init_picks_the_newest_verlbox_image_on_the_engine(tmp_path: Path, label
     (note,) = [line for line in result.stderr.splitlines() if "VERLBOX_IMAGE" in line]
     assert note.startswith(f"note: VERLBOX_IMAGE={labelled_images['newest']}, the newest verlbox image here (also: ")
     assert labelled_images["older"] in note
+
+
+HASH_LABELS = ("io.verlbox.recipe.hash", "io.verlbox.verl-patch-set.hash", "io.verlbox.lock.hash")
+
+
+@pytest.mark.docker
+def test_init_passes_over_a_newer_image_of_another_version_of_a_shipped_recipe(
+    tmp_path: Path, docker_engine: object
+) -> None:
+    """After `pip install -U verlbox`, an image the old verlbox built (another patch set) is not taken over the
+    one this verlbox built, even when it is newer."""
+    labels = BuildPlan(load_recipe("p40-cu124")).labels
+    current = "".join(f" {key}={labels[key]}" for key in HASH_LABELS)
+    older_patches = current.replace(labels["io.verlbox.verl-patch-set.hash"], "0" * 64)
+    tags = {"current": f"verlbox-test/init-current:{os.getpid()}", "stale": f"verlbox-test/init-stale:{os.getpid()}"}
+    try:
+        build_labelled(tmp_path / "current", tags["current"], 4_000_000_000, True, current, "p40-cu124")
+        build_labelled(tmp_path / "stale", tags["stale"], 4_000_000_300, True, older_patches, "p40-cu124")
+        result = run_verlbox("init", "run", cwd=tmp_path)
+    finally:
+        docker("image", "rm", *tags.values(), check=False)
+    assert result.returncode == 0, result.stderr
+    assert env_values(tmp_path / "run" / ".env")["VERLBOX_IMAGE"] == tags["current"]
+    (note,) = [line for line in result.stderr.splitlines() if "VERLBOX_IMAGE" in line]
+    assert f"passed over, though newer: {tags['stale']} (built from another version of recipe p40-cu124" in note
+    assert note.endswith("(io.verlbox.verl-patch-set.hash); --image REF takes one anyway)")
+
+
+def test_with_only_images_of_another_recipe_version_init_takes_the_newest_and_says_so() -> None:
+    stale = FoundImage("verlbox/p40-cu124:old", {"io.verlbox.recipe": "p40-cu124", "io.verlbox.recipe.hash": "0"})
+    notes: list[str] = []
+    assert newest_current([stale], notes) == stale.tag
+    assert notes == [
+        f"VERLBOX_IMAGE={stale.tag}, the newest verlbox image here, built from another version of recipe p40-cu124, "
+        "its verl patch set or its lock than this verlbox's (" + ", ".join(HASH_LABELS) + "): `verlbox build "
+        f"p40-cu124` makes a current one; `verlbox verify {stale.tag}` lists what differs"
+    ]
+    # a recipe verlbox does not ship (a user's own file) has nothing here to hold it to: it counts as current
+    own = FoundImage("mine/custom:1", {"io.verlbox.recipe": "my-own"})
+    assert newest_current([stale, own], []) == own.tag
 
 
 @pytest.mark.docker

@@ -1,8 +1,9 @@
 """`verlbox init [DIR]`: a run folder for `docker compose up train`, for a user who `pip install`ed verlbox.
 
 It holds the shipped compose.yaml, a .env rendered from the shipped .env.example (the caller's uid/gid,
-the newest verlbox image on this engine, the GPU count nvidia-smi lists) and the folders compose binds,
-made by the caller so that they are the caller's (compose binds them with create_host_path: false).
+the newest verlbox image on this engine that this verlbox's recipes made, the GPU count nvidia-smi lists)
+and the folders compose binds, made by the caller so that they are the caller's (compose binds them with
+create_host_path: false).
 
 Re-running it never loses an edit: a file equal to what init writes now is left alone, one init wrote
 and nobody changed since is updated, and any other is refused (exit 2) unless --force, which keeps the
@@ -31,9 +32,12 @@ from verlbox import paths
 from verlbox.dotenv import dotenv_values
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
+from verlbox.host.building.plan import BuildPlan
 from verlbox.host.building.staging import REPOSITORY as STAGING_REPOSITORY
 from verlbox.host.clients.engine import EngineError, client
 from verlbox.host.clients.reference import parse_reference
+from verlbox.host.recipes.recipe import load_recipe, recipe_names
+from verlbox.host.trust.verify import label_differences
 from verlbox.run_folder import INIT_RECORD
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -107,7 +111,8 @@ def give_to(directory: Path, names: list[str], uid: int, gid: int) -> None:
 
 
 def _image(requested: str | None, previous: dict[str, str], notes: list[str]) -> str:
-    """--image, else the newest verlbox image here, else the .env's current one. compose.yaml never pulls
+    """--image, else the newest verlbox image here (of this verlbox's recipes when there is one), else the .env's
+    current one. compose.yaml never pulls
     (pull_policy: never): an image the engine lacks is named only on purpose (--image, or a kept .env),
     with a note; a new folder with no image found is refused, so that no default name is ever run."""
     if requested is not None:
@@ -126,16 +131,52 @@ def _image(requested: str | None, previous: dict[str, str], notes: list[str]) ->
         problem, advice = str(exc), "so init cannot find your image: name one with --image"
     else:
         if found:
-            if len(found) > 1:
-                others = ", ".join(found[1:])
-                notes.append(f"VERLBOX_IMAGE={found[0]}, the newest verlbox image here (also: {others}; --image REF)")
-            return found[0]
+            return newest_current(found, notes)
         problem = "no verlbox image on this Docker engine"
         advice = "build one first (`verlbox doctor` says which recipe fits), or name one with --image"
     if previous.get("VERLBOX_IMAGE"):
         notes.append(f"{problem}; VERLBOX_IMAGE={previous['VERLBOX_IMAGE']} kept from .env")
         return previous["VERLBOX_IMAGE"]
     raise UsageError(f"{problem}: {advice}")
+
+
+def newest_current(found: list[FoundImage], notes: list[str]) -> str:
+    """The newest of FOUND built from this verlbox's own recipe, verl patch set and lock; an image of another
+    version of them (an older verlbox's build, say) only when there is no other, and never without a note."""
+    stale = {image.tag: reason for image in found if (reason := out_of_date(image.labels))}
+    current = [image.tag for image in found if image.tag not in stale]
+    if not current:
+        chosen = found[0].tag
+        notes.append(
+            f"VERLBOX_IMAGE={chosen}, the newest verlbox image here, {stale[chosen]}: `verlbox build "
+            f"{found[0].labels[RECIPE_LABEL]}` makes a current one; `verlbox verify {chosen}` lists what differs"
+        )
+        return chosen
+    chosen, others = current[0], [image.tag for image in found if image.tag != current[0]]
+    passed_over = [tag for tag in others if tag in stale]
+    if passed_over:
+        notes.append(
+            f"VERLBOX_IMAGE={chosen}, the newest verlbox image built from this verlbox's recipes; passed over, "
+            f"though newer: {', '.join(passed_over)} ({stale[passed_over[0]]}; --image REF takes one anyway)"
+        )
+    elif others:
+        notes.append(f"VERLBOX_IMAGE={chosen}, the newest verlbox image here (also: {', '.join(others)}; --image REF)")
+    return chosen
+
+
+def out_of_date(labels: Mapping[str, str]) -> str | None:
+    """Why an image with LABELS is not one this verlbox builds from the recipe it names (another recipe, verl
+    patch set or lock); None when it is, or when it names a recipe this verlbox does not ship (a user's own
+    recipe file: nothing here to hold it to)."""
+    name = labels.get(RECIPE_LABEL, "")
+    if name not in recipe_names():
+        return None
+    recipe = load_recipe(name)
+    changed = label_differences(recipe, BuildPlan(recipe).lock, labels)
+    if not changed:
+        return None
+    what = ", ".join(line.split(":", 1)[0].removeprefix("label ") for line in changed)
+    return f"built from another version of recipe {name}, its verl patch set or its lock than this verlbox's ({what})"
 
 
 def driver_note(image: str) -> str | None:
@@ -173,8 +214,14 @@ def engine_has(image: str) -> bool:
     return True
 
 
-def verlbox_images() -> list[str]:
-    """The tags of the images on the engine that `verlbox build` made (they carry the recipe label), newest first."""
+@dataclass(frozen=True)
+class FoundImage:
+    tag: str
+    labels: dict[str, str]
+
+
+def verlbox_images() -> list[FoundImage]:
+    """The tagged images on the engine that `verlbox build` made (they carry the recipe label), newest first."""
     try:
         listed = client().api.images(filters={"label": RECIPE_LABEL})
     except docker.errors.DockerException as exc:
@@ -182,19 +229,19 @@ def verlbox_images() -> list[str]:
     return newest_first(listed)
 
 
-def newest_first(listed: list[dict]) -> list[str]:
-    """From the engine's image list (`Created` in seconds, `RepoTags`): newest first, then by name.
+def newest_first(listed: list[dict]) -> list[FoundImage]:
+    """From the engine's image list (`Created` in seconds, `RepoTags`, `Labels`): newest first, then by name.
 
     A staging tag names an image until its build succeeds, never one to train with; `<none>:<none>` is
     how older engines spell an untagged image.
     """
     candidates = [
-        (-image["Created"], tag)
+        (-image["Created"], tag, image.get("Labels") or {})
         for image in listed
         for tag in image.get("RepoTags") or []
         if not tag.startswith(f"{STAGING_REPOSITORY}/") and tag != "<none>:<none>"
     ]
-    return [tag for _, tag in sorted(candidates)]
+    return [FoundImage(tag, labels) for _, tag, labels in sorted(candidates, key=lambda found: found[:2])]
 
 
 def gpu_count() -> tuple[int, str | None]:
