@@ -5,23 +5,23 @@ DataProto.chunk, which asserts equal chunks: 254 validation prompts (the length 
 256) with micro batch 64 stopped the run before step 1. These tests run generate_sequences as the real
 wheel has it, stock and patched (its text taken from the file). Without torch (this venv, CI) the
 prompts are a stand-in with the DataProto methods generate_sequences calls, checked against verl's
-protocol.py; where torch and tensordict import, the real DataProto runs too.
+protocol.py. The real DataProto, with the image's torch and tensordict, runs the image's patched rollout.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
+import json
 import re
-import sys
 import textwrap
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from conftest import docker
 from verlbox.runtime.training.patches import PatchState, apply, patch_set_for, verify
 
 HF_ROLLOUT = "verl/workers/rollout/hf_rollout.py"
@@ -141,45 +141,52 @@ def test_wherever_stock_verl_generates_the_patched_rollout_does_the_same(verl_tr
     assert stopped > 100  # the sweep did reach sizes that stock verl stops on
 
 
-@pytest.fixture
-def real_verl(verl_tree: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """verl's own protocol.py importable from the (patched) tree: verl/__init__.py and verl/utils/__init__.py
-    (pkg_resources, tokenizers) stay unrun, and Ray, which DataProto needs only for futures, may be a stub."""
-    why = "needs torch and tensordict (not on the CI host; it passed on the lent H200, docs/benchmarks.md)"
-    pytest.importorskip("torch", reason=why)
-    pytest.importorskip("tensordict", reason=why)
-    apply(verl_tree)
-    for name in ("verl", "verl.utils"):
-        package = types.ModuleType(name)
-        package.__path__ = [str(verl_tree / name.replace(".", "/"))]
-        monkeypatch.setitem(sys.modules, name, package)
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(ObjectRef=object, get=None))
-    yield verl_tree
-    for name in [name for name in sys.modules if name.startswith("verl.") and name != "verl.utils"]:
-        del sys.modules[name]  # the stubs themselves go with monkeypatch
+# In the image: verl's own DataProto (torch, tensordict) and the installed, patched HFRollout.generate_sequences,
+# called with a stand-in self whose one "generate" per chunk returns its prompts (no model needed).
+IN_IMAGE = """
+import json, types
+import numpy as np, torch
+from omegaconf import OmegaConf
+from verl.protocol import DataProto
+from verl.workers.rollout.hf_rollout import HFRollout
+
+def prompts(size):
+    ids = torch.arange(size * 8).view(size, 8)
+    tensors = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": ids % 8}
+    raw = np.array([list(range(i % 5)) for i in range(size)] + [None], dtype=object)[:size]
+    return DataProto.from_dict(tensors=tensors, non_tensors={"raw_prompt_ids": raw}, meta_info={"validate": True})
+
+try:
+    prompts(254).chunk(chunks=254 // 64)
+    stock = "no stop"
+except AssertionError as exc:
+    stock = str(exc)
+found = {"stock": stock}
+for size in (254, 256, 130, 63):
+    sizes = []
+    rollout = types.SimpleNamespace(
+        config=OmegaConf.create({"micro_batch_size": 64}),
+        _generate_minibatch=lambda chunk: sizes.append(len(chunk)) or chunk,
+    )
+    given = prompts(size)
+    output = HFRollout.generate_sequences(rollout, given)
+    found[size] = {
+        "chunks": sizes,
+        "rows": len(output),
+        "same_ids": bool(torch.equal(output.batch["input_ids"], given.batch["input_ids"])),
+        "same_raw": list(output.non_tensor_batch["raw_prompt_ids"]) == list(given.non_tensor_batch["raw_prompt_ids"]),
+    }
+print(json.dumps(found))
+"""
 
 
-def test_real_dataproto_of_254_rows_generates_in_chunks_of_64(real_verl: Path) -> None:
-    import numpy as np
-    import torch
-
-    data_proto = importlib.import_module("verl.protocol").DataProto
-
-    def prompts(size: int):
-        ids = torch.arange(size * 8).view(size, 8)
-        tensors = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": ids % 8}
-        raw = np.array([list(range(i % 5)) for i in range(size)] + [None], dtype=object)[:size]
-        return data_proto.from_dict(tensors=tensors, non_tensors={"raw_prompt_ids": raw}, meta_info={"validate": True})
-
-    with pytest.raises(AssertionError, match=STOCK_STOP):
-        prompts(254).chunk(chunks=254 // 64)
-    patched = generate_sequences(real_verl, data_proto)
-    for size, chunk_sizes in ((254, [64, 64, 64, 62]), (256, [64, 64, 64, 64]), (130, [65, 65]), (63, [63])):
-        rollout, given = Rollout(64), prompts(size)
-        output = patched(rollout, given)
-        assert rollout.chunk_sizes == chunk_sizes, size
-        assert len(output) == size and torch.equal(output.batch["input_ids"], given.batch["input_ids"])
-        assert list(output.non_tensor_batch["raw_prompt_ids"]) == list(given.non_tensor_batch["raw_prompt_ids"])
+@pytest.mark.docker
+@pytest.mark.slow
+def test_real_dataproto_of_254_rows_generates_in_chunks_of_64_in_the_image(image: str) -> None:
+    """The image's own verl: its DataProto refuses 254 rows in 3 equal chunks, and its patched rollout
+    generates 254 prompts (the validation set the length filter left) in chunks of 64, keeping every row."""
+    result = docker("run", "--rm", "--network", "none", "--entrypoint", "python", image, "-c", IN_IMAGE)
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert re.search(STOCK_STOP, found["stock"]), found["stock"]
+    for size, chunks in (("254", [64, 64, 64, 62]), ("256", [64, 64, 64, 64]), ("130", [65, 65]), ("63", [63])):
+        assert found[size] == {"chunks": chunks, "rows": int(size), "same_ids": True, "same_raw": True}, size
