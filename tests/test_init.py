@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +13,13 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, docker, run_verlbox
+from verlbox import paths
 from verlbox.host.building.build import default_tag
 from verlbox.host.building.plan import BuildPlan
 from verlbox.host.recipes.recipe import load_recipe
+from verlbox.host.runs import runfolder
 from verlbox.host.runs.runfolder import ENV_HEADER, FOLDERS, FoundImage, newest_current, newest_first
+from verlbox.host.trust.verify import HASH_LABELS
 
 IMAGE = "verlbox-test/init:given"
 # No engine answers here, so the newest-image lookup cannot depend on what this engine holds.
@@ -311,7 +315,15 @@ def test_init_picks_the_newest_verlbox_image_on_the_engine(tmp_path: Path, label
     assert labelled_images["older"] in note
 
 
-HASH_LABELS = ("io.verlbox.recipe.hash", "io.verlbox.verl-patch-set.hash", "io.verlbox.lock.hash")
+def hash_labels(shipped: str, **replaced: str) -> dict[str, str]:
+    """The recipe and hash labels this verlbox's build of recipe SHIPPED carries; REPLACED (by HASH_LABELS'
+    words, spaces as underscores) given other values."""
+    labels = BuildPlan(load_recipe(shipped)).labels
+    values = {label: labels[label] for label in HASH_LABELS if label in labels}  # p40 has no lock
+    for label, word in HASH_LABELS.items():
+        if word.replace(" ", "_") in replaced:
+            values[label] = replaced[word.replace(" ", "_")]
+    return {"io.verlbox.recipe": shipped} | values
 
 
 @pytest.mark.docker
@@ -319,36 +331,83 @@ def test_init_passes_over_a_newer_image_of_another_version_of_a_shipped_recipe(
     tmp_path: Path, docker_engine: object
 ) -> None:
     """After `pip install -U verlbox`, an image the old verlbox built (another patch set) is not taken over the
-    one this verlbox built, even when it is newer."""
-    labels = BuildPlan(load_recipe("p40-cu124")).labels
-    current = "".join(f" {key}={labels[key]}" for key in HASH_LABELS)
-    older_patches = current.replace(labels["io.verlbox.verl-patch-set.hash"], "0" * 64)
+    one this verlbox built, even when it is newer. Dated after every other test's image (2096)."""
+    current = "".join(f" {key}={value}" for key, value in hash_labels("p40-cu124").items() if key in HASH_LABELS)
+    older_patches = "".join(
+        f" {key}={value}" for key, value in hash_labels("p40-cu124", verl_patch_set="0" * 64).items()
+        if key in HASH_LABELS
+    )  # fmt: skip
     tags = {"current": f"verlbox-test/init-current:{os.getpid()}", "stale": f"verlbox-test/init-stale:{os.getpid()}"}
     try:
-        build_labelled(tmp_path / "current", tags["current"], 4_000_000_000, True, current, "p40-cu124")
-        build_labelled(tmp_path / "stale", tags["stale"], 4_000_000_300, True, older_patches, "p40-cu124")
+        build_labelled(tmp_path / "current", tags["current"], 4_000_001_000, True, current, "p40-cu124")
+        build_labelled(tmp_path / "stale", tags["stale"], 4_000_001_300, True, older_patches, "p40-cu124")
         result = run_verlbox("init", "run", cwd=tmp_path)
     finally:
         docker("image", "rm", *tags.values(), check=False)
     assert result.returncode == 0, result.stderr
     assert env_values(tmp_path / "run" / ".env")["VERLBOX_IMAGE"] == tags["current"]
     (note,) = [line for line in result.stderr.splitlines() if "VERLBOX_IMAGE" in line]
-    assert f"passed over, though newer: {tags['stale']} (built from another version of recipe p40-cu124" in note
-    assert note.endswith("(io.verlbox.verl-patch-set.hash); --image REF takes one anyway)")
+    assert note.startswith(
+        f"note: VERLBOX_IMAGE={tags['current']}, the newest verlbox image of this verlbox's recipes; passed over, "
+        f"though newer: {tags['stale']}, built with another verl patch set than this verlbox's p40-cu124 "
+        "(io.verlbox.verl-patch-set.hash) ("
+    )
+
+
+def found(tag: str, labels: dict[str, str]) -> FoundImage:
+    return FoundImage(tag, labels)
+
+
+def test_an_older_image_of_another_recipe_version_is_only_listed() -> None:
+    newest, second = found("a:cur", hash_labels("p40-cu124")), found("b:cur", hash_labels("p40-cu124"))
+    old = found("old:stale", hash_labels("p40-cu124", recipe="0"))
+    notes: list[str] = []
+    assert newest_current([newest, second, old], notes) == "a:cur"
+    assert notes == [
+        "VERLBOX_IMAGE=a:cur, the newest verlbox image here (also: b:cur, old:stale; --image REF takes another)"
+    ]
+    notes.clear()
+    assert newest_current([old, newest], notes) == "a:cur"
+    assert notes == [
+        "VERLBOX_IMAGE=a:cur, the newest verlbox image of this verlbox's recipes; passed over, though newer: "
+        "old:stale, built with another recipe than this verlbox's p40-cu124 (io.verlbox.recipe.hash) "
+        "(--image REF takes another)"
+    ]
 
 
 def test_with_only_images_of_another_recipe_version_init_takes_the_newest_and_says_so() -> None:
-    stale = FoundImage("verlbox/p40-cu124:old", {"io.verlbox.recipe": "p40-cu124", "io.verlbox.recipe.hash": "0"})
+    stale = found("verlbox/p40-cu124:old", {"io.verlbox.recipe": "p40-cu124", "io.verlbox.recipe.hash": "0"})
+    older = found("verlbox/p40:old", hash_labels("p40", verl_patch_set="0"))
     notes: list[str] = []
-    assert newest_current([stale], notes) == stale.tag
+    assert newest_current([stale, older], notes) == stale.tag
     assert notes == [
-        f"VERLBOX_IMAGE={stale.tag}, the newest verlbox image here, built from another version of recipe p40-cu124, "
-        "its verl patch set or its lock than this verlbox's (" + ", ".join(HASH_LABELS) + "): `verlbox build "
-        f"p40-cu124` makes a current one; `verlbox verify {stale.tag}` lists what differs"
+        f"VERLBOX_IMAGE={stale.tag}, the newest verlbox image here, built with another recipe, verl patch set "
+        "and lock than this verlbox's p40-cu124 (" + ", ".join(HASH_LABELS) + "): rebuild it (`verlbox build "
+        f"p40-cu124`) for a current one; `verlbox verify {stale.tag}` lists what differs (also: {older.tag}; "
+        "--image REF takes another)"
     ]
     # a recipe verlbox does not ship (a user's own file) has nothing here to hold it to: it counts as current
-    own = FoundImage("mine/custom:1", {"io.verlbox.recipe": "my-own"})
+    own = found("mine/custom:1", {"io.verlbox.recipe": "my-own"})
     assert newest_current([stale, own], []) == own.tag
+
+
+def test_a_lock_made_for_another_recipe_version_is_held_against_no_image(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkout whose recipe was edited and not locked again: init still works, judging by recipe and
+    patch set only (`verlbox build` is where that lock is refused)."""
+    labels = hash_labels("p40-cu124") | {"io.verlbox.lock.hash": "anything"}
+    recipes = tmp_path / "recipes"
+    shutil.copytree(REPO / "recipes", recipes)
+    lock = recipes / "p40-cu124.lock.json"
+    lock.write_text(lock.read_text().replace(load_recipe("p40-cu124").content_hash, "0" * 64))
+    monkeypatch.setattr(paths, "recipes_dir", lambda: recipes)
+    runfolder._shipped.cache_clear()
+    try:
+        assert runfolder.out_of_date(labels) is None
+        assert runfolder.out_of_date(labels | {"io.verlbox.recipe.hash": "0"}) is not None
+    finally:
+        runfolder._shipped.cache_clear()
 
 
 @pytest.mark.docker

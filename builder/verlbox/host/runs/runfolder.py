@@ -14,6 +14,7 @@ from an edit by the sha256 of every text it wrote there, kept in RECORD.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -32,12 +33,12 @@ from verlbox import paths
 from verlbox.dotenv import dotenv_values
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
-from verlbox.host.building.plan import BuildPlan
 from verlbox.host.building.staging import REPOSITORY as STAGING_REPOSITORY
 from verlbox.host.clients.engine import EngineError, client
 from verlbox.host.clients.reference import parse_reference
-from verlbox.host.recipes.recipe import load_recipe, recipe_names
-from verlbox.host.trust.verify import label_differences
+from verlbox.host.recipes.lock import Lock, read_lock
+from verlbox.host.recipes.recipe import RecipeHead, load_recipe, recipe_names
+from verlbox.host.trust.verify import HASH_LABELS, label_differences
 from verlbox.run_folder import INIT_RECORD
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -111,10 +112,10 @@ def give_to(directory: Path, names: list[str], uid: int, gid: int) -> None:
 
 
 def _image(requested: str | None, previous: dict[str, str], notes: list[str]) -> str:
-    """--image, else the newest verlbox image here (of this verlbox's recipes when there is one), else the .env's
-    current one. compose.yaml never pulls
-    (pull_policy: never): an image the engine lacks is named only on purpose (--image, or a kept .env),
-    with a note; a new folder with no image found is refused, so that no default name is ever run."""
+    """--image, else the newest verlbox image here (of this verlbox's recipes when there is one), else the
+    .env's current one. compose.yaml never pulls (pull_policy: never): an image the engine lacks is named
+    only on purpose (--image, or a kept .env), with a note; a new folder with no image found is refused, so
+    that no default name is ever run."""
     if requested is not None:
         try:
             parse_reference(requested)
@@ -141,42 +142,55 @@ def _image(requested: str | None, previous: dict[str, str], notes: list[str]) ->
 
 
 def newest_current(found: list[FoundImage], notes: list[str]) -> str:
-    """The newest of FOUND built from this verlbox's own recipe, verl patch set and lock; an image of another
-    version of them (an older verlbox's build, say) only when there is no other, and never without a note."""
+    """The newest of FOUND (newest first) built from this verlbox's own recipe, verl patch set and lock; one of
+    another version of them (an older verlbox's build, say) only when there is no other, and never without a
+    note naming it."""
     stale = {image.tag: reason for image in found if (reason := out_of_date(image.labels))}
-    current = [image.tag for image in found if image.tag not in stale]
-    if not current:
-        chosen = found[0].tag
+    tags = [image.tag for image in found]
+    chosen = next((tag for tag in tags if tag not in stale), tags[0])
+    newer, others = tags[: tags.index(chosen)], tags[tags.index(chosen) + 1 :]
+    also = f"also: {', '.join(others)}; --image REF takes another" if others else "--image REF takes another"
+    if chosen in stale:
+        recipe = found[0].labels[RECIPE_LABEL]
         notes.append(
-            f"VERLBOX_IMAGE={chosen}, the newest verlbox image here, {stale[chosen]}: `verlbox build "
-            f"{found[0].labels[RECIPE_LABEL]}` makes a current one; `verlbox verify {chosen}` lists what differs"
+            f"VERLBOX_IMAGE={chosen}, the newest verlbox image here, {stale[chosen]}: rebuild it (`verlbox build "
+            f"{recipe}`) for a current one; `verlbox verify {chosen}` lists what differs ({also})"
         )
-        return chosen
-    chosen, others = current[0], [image.tag for image in found if image.tag != current[0]]
-    passed_over = [tag for tag in others if tag in stale]
-    if passed_over:
+    elif newer:
+        passed_over = "; ".join(f"{tag}, {stale[tag]}" for tag in newer)
         notes.append(
-            f"VERLBOX_IMAGE={chosen}, the newest verlbox image built from this verlbox's recipes; passed over, "
-            f"though newer: {', '.join(passed_over)} ({stale[passed_over[0]]}; --image REF takes one anyway)"
+            f"VERLBOX_IMAGE={chosen}, the newest verlbox image of this verlbox's recipes; passed over, though newer: "
+            f"{passed_over} ({also})"
         )
     elif others:
-        notes.append(f"VERLBOX_IMAGE={chosen}, the newest verlbox image here (also: {', '.join(others)}; --image REF)")
+        notes.append(f"VERLBOX_IMAGE={chosen}, the newest verlbox image here ({also})")
     return chosen
 
 
 def out_of_date(labels: Mapping[str, str]) -> str | None:
-    """Why an image with LABELS is not one this verlbox builds from the recipe it names (another recipe, verl
-    patch set or lock); None when it is, or when it names a recipe this verlbox does not ship (a user's own
-    recipe file: nothing here to hold it to)."""
+    """Why an image with LABELS is not what this verlbox builds from the shipped recipe it names; None when it
+    is, or when it names no shipped recipe (nothing here to hold it to)."""
     name = labels.get(RECIPE_LABEL, "")
     if name not in recipe_names():
         return None
-    recipe = load_recipe(name)
-    changed = label_differences(recipe, BuildPlan(recipe).lock, labels)
+    changed = label_differences(*_shipped(name), labels)
     if not changed:
         return None
-    what = ", ".join(line.split(":", 1)[0].removeprefix("label ") for line in changed)
-    return f"built from another version of recipe {name}, its verl patch set or its lock than this verlbox's ({what})"
+    words = [HASH_LABELS[label] for label in changed]
+    parts = " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
+    return f"built with another {parts} than this verlbox's {name} ({', '.join(changed)})"
+
+
+@functools.cache
+def _shipped(name: str) -> tuple[RecipeHead, Lock | None]:
+    """Shipped recipe NAME and its lock; a lock that cannot be read or was made for another version of the
+    recipe (a checkout whose recipe was edited, not locked again) is not held against any image."""
+    recipe = load_recipe(name)
+    try:
+        lock = read_lock(recipe.lock_path) if recipe.lock_path and recipe.lock_path.is_file() else None
+    except VerlboxError:
+        return recipe, None
+    return recipe, lock if lock and lock.recipe_hash == recipe.content_hash else None
 
 
 def driver_note(image: str) -> str | None:
@@ -216,6 +230,8 @@ def engine_has(image: str) -> bool:
 
 @dataclass(frozen=True)
 class FoundImage:
+    """A tag of an image `verlbox build` made, with the image's labels."""
+
     tag: str
     labels: dict[str, str]
 

@@ -79,18 +79,23 @@ def other_recipe(recipe: str, image: str, labels: dict[str, str]) -> str | None:
     return f"{image} was built from recipe {built_from}, not {recipe}: name recipe {built_from} instead"
 
 
-def label_differences(recipe: RecipeHead, lock: Lock | None, labels: Mapping[str, str]) -> list[str]:
-    """The hashes an image's labels carry against this verlbox's RECIPE, verl patch set and LOCK: enough to
-    tell an image of another version of any of them without running it."""
+# what each hash label stands for, in a sentence
+HASH_LABELS = {
+    "io.verlbox.recipe.hash": "recipe",
+    "io.verlbox.verl-patch-set.hash": "verl patch set",
+    "io.verlbox.lock.hash": "lock",
+}
+
+
+def label_differences(recipe: RecipeHead, lock: Lock | None, labels: Mapping[str, str]) -> dict[str, str]:
+    """The hash labels (HASH_LABELS) an image carries that differ from this verlbox's RECIPE, verl patch set and
+    LOCK (none: not compared), each with the value expected: enough to tell an image of another version of any
+    of them without running it."""
     expected = {
         "io.verlbox.recipe.hash": recipe.content_hash,
         "io.verlbox.verl-patch-set.hash": BuildPlan(recipe).patch_set_hash,
     } | ({"io.verlbox.lock.hash": lock.content_hash} if lock else {})
-    return [
-        f"label {label}: image {labels.get(label) or 'absent'}, expected {value}"
-        for label, value in expected.items()
-        if labels.get(label) != value
-    ]
+    return {label: value for label, value in expected.items() if labels.get(label) != value}
 
 
 def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> list[str]:
@@ -99,7 +104,10 @@ def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> list[
     if recipe.lock_path is None or not recipe.lock_path.is_file():
         raise UsageError(f"recipe {recipe.name} has no lock ({recipe.lock_path}): run `verlbox lock` first")
     lock: Lock = read_lock(recipe.lock_path)
-    found = label_differences(recipe, lock, labels)
+    found = [
+        f"label {label}: image {labels.get(label) or 'absent'}, expected {value}"
+        for label, value in label_differences(recipe, lock, labels).items()
+    ]
     if lock.recipe_hash != recipe.content_hash:
         found.append(
             f"lock {recipe.lock_path.name} was made for recipe hash {lock.recipe_hash[:12]}: run `verlbox lock`"
