@@ -18,6 +18,7 @@ from packaging.utils import canonicalize_name
 
 from conftest import HOST_CA_BUNDLE, IMAGE, REPO, ca_arguments, docker, git_shaped_archive, run_verlbox, staging_tags
 from verlbox.host.recipes.recipe import load_recipe
+from verlbox.host.trust import pins
 from verlbox.runtime.checks.smoke import CPU_CHECKS
 from verlbox.runtime.steps.apex_build import fatbin_architectures, file_sha256
 from verlbox.runtime.training.patches import patch_set_for
@@ -127,6 +128,14 @@ def test_every_installed_python_file_has_its_bytecode(image: str) -> None:
     Each step compiles its own files (and the patch step the files it changes)."""
     result = docker("run", "--rm", "--entrypoint", "python", image, "-c", BYTECODE_PROBE)
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {}
+
+
+def test_the_image_s_glibc_is_at_least_the_floor_build_check_judges_wheels_by(image: str) -> None:
+    """`verlbox build --check` accepts a wheel up to manylinux_2_{GLIBC_MINOR}: the image must run it."""
+    probe = "import json, platform; print(json.dumps(platform.libc_ver()))"
+    result = docker("run", "--rm", "--network", "none", "--entrypoint", "python", image, "-c", probe)
+    library, version = json.loads(result.stdout.strip().splitlines()[-1])
+    assert library == "glibc" and int(version.split(".")[1]) >= pins.GLIBC_MINOR, version
 
 
 def in_image(image: str, script: str) -> str:

@@ -20,7 +20,7 @@ from conftest import REPO, run_verlbox
 from standins import REGISTRY_TOKEN, closed_port_url, serve_files, serve_registry
 from verlbox.host.building.sources import BuildSources
 from verlbox.host.clients.upstream import Http
-from verlbox.host.recipes.recipe import load_recipe
+from verlbox.host.recipes.recipe import load_recipe, recipe_names
 from verlbox.host.trust import pins
 
 TAG = "11.8.0-cudnn8-devel-ubuntu22.04"
@@ -148,6 +148,16 @@ def test_a_refused_token_and_a_digest_that_moved_are_each_one_line() -> None:
     with serve_registry({f"/v2/nvidia/cuda/manifests/{other}": DIGEST}) as registry:
         moved = pins.check_base(Http(None, 5), f"{registry}/nvidia/cuda:{TAG}", other)
     assert not moved.served and moved.answer == f"the registry's digest is {DIGEST}, not the recipe's"
+
+
+# the glibc of each base a shipped recipe names (Ubuntu 22.04: 2.35, Debian bookworm: 2.36)
+BASE_GLIBC = {"nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04": 35, "debian:bookworm-slim": 36}
+
+
+def test_the_glibc_floor_is_the_oldest_glibc_of_the_shipped_bases() -> None:
+    bases = {load_recipe(name).base.image for name in recipe_names()}
+    assert bases <= BASE_GLIBC.keys(), "a new base: add its glibc above, and lower pins.GLIBC_MINOR if it is older"
+    assert min(BASE_GLIBC[base] for base in bases) == pins.GLIBC_MINOR
 
 
 @pytest.mark.parametrize(
