@@ -59,32 +59,33 @@ def test_lengths_are_measured_once_and_recorded_beside_the_data(tmp_path: Path, 
     train = _data(tmp_path / "data", [0, 2, 5, 5])
     loads: list[Path] = []
     said: list[str] = []
-    first = measure([train], model, "prompt", said.append, _counting_loader(loads))
+    first = measure([train], model, "prompt", said.append, load=_counting_loader(loads))
     assert first.counts == Counter({BASE: 1, BASE + 2: 1, BASE + 5: 2}) and first.longest == BASE + 5
     assert len(loads) == 1 and len(said) == 1 and "train.parquet" in said[0]
     record = json.loads((tmp_path / "data" / prompt_lengths.RECORD).read_text())
-    assert record["prompt_key"] == "prompt" and set(record["files"]) == {"train.parquet"}
-    again = measure([train], model, "prompt", said.append, _counting_loader(loads))
+    (entry,) = record["entries"]
+    assert entry["prompt_key"] == "prompt" and set(entry["files"]) == {"train.parquet"}
+    again = measure([train], model, "prompt", said.append, load=_counting_loader(loads))
     assert again == first and len(loads) == 1 and len(said) == 1
 
 
 def test_new_rows_or_another_tokenizer_are_measured_again(tmp_path: Path, model: Path) -> None:
     train = _data(tmp_path / "data", [1])
     loads: list[Path] = []
-    assert measure([train], model, "prompt", print, _counting_loader(loads)).longest == BASE + 1
+    assert measure([train], model, "prompt", print, load=_counting_loader(loads)).longest == BASE + 1
     _data(tmp_path / "data", [1, 7])
-    assert measure([train], model, "prompt", print, _counting_loader(loads)).longest == BASE + 7
+    assert measure([train], model, "prompt", print, load=_counting_loader(loads)).longest == BASE + 7
     (model / "tokenizer.json").write_text('{"changed": true}')
-    measure([train], model, "prompt", print, _counting_loader(loads))
+    measure([train], model, "prompt", print, load=_counting_loader(loads))
     (tmp_path / "data" / prompt_lengths.RECORD).write_text("{not json")
-    measure([train], model, "prompt", print, _counting_loader(loads))
+    measure([train], model, "prompt", print, load=_counting_loader(loads))
     assert len(loads) == 4
 
 
 def test_a_file_without_the_prompt_column_is_named(tmp_path: Path, model: Path) -> None:
     train = _data(tmp_path / "data", [1])
     with pytest.raises(DataError, match=r"train\.parquet: no column 'question_text' \(data.prompt_key"):
-        measure([train], model, "question_text", print, _counting_loader([]))
+        measure([train], model, "question_text", print, load=_counting_loader([]))
     assert not (tmp_path / "data" / prompt_lengths.RECORD).exists()
 
 
@@ -129,18 +130,64 @@ def test_a_model_folder_without_tokenizer_files_is_measured_but_never_recorded(t
     train = _data(tmp_path / "data", [2])
     loads: list[Path] = []
     for _ in range(2):
-        assert measure([train], bare, "prompt", print, _counting_loader(loads)).longest == BASE + 2
+        assert measure([train], bare, "prompt", print, load=_counting_loader(loads)).longest == BASE + 2
     assert len(loads) == 2 and not (tmp_path / "data" / prompt_lengths.RECORD).exists()
 
 
 def test_a_record_of_another_format_is_measured_again(tmp_path: Path, model: Path) -> None:
     train = _data(tmp_path / "data", [2])
     loads: list[Path] = []
-    measure([train], model, "prompt", print, _counting_loader(loads))
+    measure([train], model, "prompt", print, load=_counting_loader(loads))
     record = tmp_path / "data" / prompt_lengths.RECORD
-    record.write_text(record.read_text().replace('"format": 1', '"format": 2'))
-    measure([train], model, "prompt", print, _counting_loader(loads))
-    assert len(loads) == 2 and json.loads(record.read_text())["format"] == prompt_lengths.RECORD_FORMAT
+    (entry,) = json.loads(record.read_text())["entries"]
+    # format 1 (stop 29's verlbox): one tokenizer per folder, at the top level; here with a wrong length
+    entry["files"]["train.parquet"]["lengths"] = {"1": 1}
+    record.write_text(json.dumps({"format": 1} | entry))
+    assert measure([train], model, "prompt", print, load=_counting_loader(loads)).longest == BASE + 2
+    assert len(loads) == 2 and json.loads(record.read_text())["format"] == prompt_lengths.RECORD_FORMAT == 2
+
+
+def _model(folder: Path, tokenizer: str) -> Path:
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(tokenizer)
+    return folder
+
+
+def test_two_models_on_one_data_folder_keep_their_own_lengths(tmp_path: Path) -> None:
+    train = _data(tmp_path / "data", [1, 4])
+    models = [_model(tmp_path / f"model-{n}", f'{{"model": {n}}}') for n in range(prompt_lengths.RECORD_ENTRIES + 1)]
+    loads: list[Path] = []
+    for model in [models[0], models[1], models[0], models[1]]:
+        assert measure([train], model, "prompt", print, load=_counting_loader(loads)).longest == BASE + 4
+    assert loads == models[:2]  # each measured once, however they alternate
+    for model in models[1:]:  # one more than a folder keeps: the one longest unused (model 0) goes
+        measure([train], model, "prompt", print, load=_counting_loader(loads))
+    record = json.loads((tmp_path / "data" / prompt_lengths.RECORD).read_text())
+    assert len(record["entries"]) == prompt_lengths.RECORD_ENTRIES
+    measure([train], models[0], "prompt", print, load=_counting_loader(loads))
+    assert loads == [*models[:2], *models[2:], models[0]]
+
+
+def test_with_remote_code_trusted_the_folder_s_python_files_count(tmp_path: Path, model: Path) -> None:
+    """verl's data.trust_remote_code may load a tokenizer class from the model folder: another class, or an
+    edit of it, may count tokens differently."""
+    train = _data(tmp_path / "data", [2])
+    loads: list[Path] = []
+
+    def lengths(trusted: bool) -> int:
+        return measure([train], model, "prompt", print, trusted, load=_counting_loader(loads)).longest
+
+    lengths(False)
+    (model / "tokenization_custom.py").write_text("# a tokenizer class\n")
+    lengths(False)  # not trusted: the Python file is never run, so it cannot change a length
+    assert len(loads) == 1
+    lengths(True)
+    lengths(True)
+    assert len(loads) == 2
+    (model / "tokenization_custom.py").write_text("# the class, edited\n")
+    lengths(True)
+    lengths(False)  # the untrusted entry is still there
+    assert len(loads) == 3
 
 
 def test_a_width_the_user_gave_is_kept_and_nothing_is_measured(tmp_path: Path) -> None:
@@ -153,7 +200,7 @@ def test_a_record_that_cannot_be_written_is_said_and_the_run_goes_on(tmp_path: P
     train = _data(tmp_path / "data", [3])
     (tmp_path / "data" / prompt_lengths.RECORD).mkdir()
     said: list[str] = []
-    assert measure([train], model, "prompt", said.append, _counting_loader([])).longest == BASE + 3
+    assert measure([train], model, "prompt", said.append, load=_counting_loader([])).longest == BASE + 3
     assert said[-1].startswith("prompt lengths: not recorded (") and "cannot write here" in said[-1]
     assert sorted(path.name for path in (tmp_path / "data").iterdir()) == [prompt_lengths.RECORD, "train.parquet"]
 

@@ -10,6 +10,7 @@ kept as given.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections import Counter
@@ -27,7 +28,10 @@ from verlbox.runtime.training.overrides import merge_overrides, override_value
 
 KEY = "data.max_prompt_length"
 RECORD = "prompt-lengths.json"
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
+# tokenizers (with prompt keys) one data folder keeps measurements for: two models trained on one folder
+# never measure again for each other; the oldest goes first
+RECORD_ENTRIES = 4
 # what AutoTokenizer reads from a model folder: a change to any of them can change a prompt's length
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -52,13 +56,31 @@ class FileLengths(BaseModel):
     lengths: dict[int, int]
 
 
+class Entry(BaseModel):
+    """One tokenizer's lengths of one prompt column, per data file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokenizer: str
+    prompt_key: str
+    files: dict[str, FileLengths]
+
+
 class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: int
-    tokenizer: str
-    prompt_key: str
-    files: dict[str, FileLengths]
+    entries: list[Entry]
+
+    def entry(self, tokenizer: str, prompt_key: str) -> Entry:
+        """The entry for TOKENIZER and PROMPT_KEY, made (and the oldest beyond RECORD_ENTRIES dropped) when
+        there is none; the one used moves last, so the oldest is the one longest unused."""
+        found = next((e for e in self.entries if (e.tokenizer, e.prompt_key) == (tokenizer, prompt_key)), None)
+        if found is None:
+            found = Entry(tokenizer=tokenizer, prompt_key=prompt_key, files={})
+        others = [e for e in self.entries if e is not found]
+        self.entries = [*others[max(0, len(others) - RECORD_ENTRIES + 1) :], found]
+        return found
 
 
 @dataclass(frozen=True)
@@ -77,10 +99,15 @@ class PromptLengths:
         return sum(count for length, count in self.counts.items() if length > ceiling)
 
 
-def tokenizer_digest(model_dir: Path) -> str | None:
-    """The tokenizer's files, hashed; None when the folder has none of them (nothing to tell two models apart)."""
+def tokenizer_digest(model_dir: Path, trust_remote_code: bool = False) -> str | None:
+    """The tokenizer's files, hashed; None when the folder has none of them (nothing to tell two models apart).
+    With remote code trusted, the folder's Python files may be the tokenizer: they count, and so does the flag."""
     files = [(name, file_sha256(model_dir / name)) for name in TOKENIZER_FILES if (model_dir / name).is_file()]
-    return hashlib.sha256(json.dumps(files).encode()).hexdigest() if files else None
+    if not files:
+        return None
+    if trust_remote_code:
+        files += [("trust_remote_code", "")] + [(p.name, file_sha256(p)) for p in sorted(model_dir.glob("*.py"))]
+    return hashlib.sha256(json.dumps(files).encode()).hexdigest()
 
 
 def _read_record(path: Path) -> Record | None:
@@ -118,27 +145,28 @@ def measure(
     model_dir: Path,
     prompt_key: str,
     say: Callable[[str], None],
-    load: Callable[[Path], object] = load_tokenizer,
+    trust_remote_code: bool = False,
+    load: Callable[[Path], object] | None = None,
 ) -> PromptLengths:
-    """Every prompt's length in FILES with MODEL_DIR's tokenizer: from each folder's record when it holds the
-    same file, tokenizer and prompt key, else measured now and recorded there."""
-    digest = tokenizer_digest(model_dir)
+    """Every prompt's length in FILES with MODEL_DIR's tokenizer (loaded with verl's data.trust_remote_code,
+    by LOAD when given): from each folder's record when it holds the same file, tokenizer and prompt key,
+    else measured now and recorded there."""
+    digest = tokenizer_digest(model_dir, trust_remote_code)
     tokenizer = None
     counts: Counter[int] = Counter()
     for path in files:
         record_path = path.parent / RECORD
-        record = _read_record(record_path) if digest else None
-        if record is None or record.tokenizer != digest or record.prompt_key != prompt_key:
-            record = Record(format=RECORD_FORMAT, tokenizer=digest or "", prompt_key=prompt_key, files={})
+        record = (_read_record(record_path) if digest else None) or Record(format=RECORD_FORMAT, entries=[])
+        entry = record.entry(digest or "", prompt_key)
         sha256 = file_sha256(path)
-        known = record.files.get(path.name)
+        known = entry.files.get(path.name)
         if known is None or known.sha256 != sha256:
             # the real tokenizer takes seconds to load: a start whose files are all recorded never needs it
             if tokenizer is None:
-                tokenizer = load(model_dir)
+                tokenizer = (load or functools.partial(load_tokenizer, trust_remote_code=trust_remote_code))(model_dir)
             say(f"prompt lengths: tokenizing {path.name}'s prompts with {model_dir.name}'s chat template")
             known = FileLengths(sha256=sha256, lengths=dict(_tokenized_lengths(path, tokenizer, prompt_key)))
-            record.files[path.name] = known
+            entry.files[path.name] = known
             if digest:  # a record that could not tell this tokenizer from another would mislead the next start
                 _write_record(record_path, record, say)
         counts.update(known.lengths)

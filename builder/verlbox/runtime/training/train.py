@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
 import json
 import os
@@ -205,8 +204,7 @@ def fit_prompt_length(overrides: list[str], user: list[str], say: Callable[[str]
     model = Path(override_value(overrides, MODEL_KEY) or "")
     prompt_key = override_value(overrides, "data.prompt_key") or "prompt"
     remote_code = (override_value(overrides, "data.trust_remote_code") or "").lower() == "true"
-    load = functools.partial(prompt_lengths.load_tokenizer, trust_remote_code=remote_code)
-    return prompt_lengths.fitted(overrides, prompt_lengths.measure(files, model, prompt_key, say, load), say)
+    return prompt_lengths.fitted(overrides, prompt_lengths.measure(files, model, prompt_key, say, remote_code), say)
 
 
 def prepare_inputs(overrides: list[str], environ: dict[str, str], console: Console) -> list[preflight.Check]:
