@@ -167,6 +167,16 @@ def test_cli_model_without_transformers_says_what_to_do_and_writes_nothing(tmp_p
     assert result.stderr.startswith("verlbox: error: prepare-data --model needs transformers, which is not installed")
 
 
+def test_cli_trust_remote_code_without_a_model_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    command = ("prepare-data", "gsm8k", "--source", str(jsonl_layout(tmp_path / "s")), "--out", str(out))
+    result = run_verlbox(*command, "--trust-remote-code")
+    assert result.returncode == 2 and not out.exists()
+    assert result.stderr == (
+        "verlbox: error: --trust-remote-code goes with --model (it says how to load the model's tokenizer)\n"
+    )
+
+
 def test_cli_model_that_is_no_tokenizer_folder_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     out = tmp_path / "o"
     absent = tmp_path / "models" / "Qwen"

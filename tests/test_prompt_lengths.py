@@ -7,12 +7,15 @@ length fitted as verl counts" holds the same code to verl's own RLHFDataset filt
 from __future__ import annotations
 
 import json
+from argparse import Namespace
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from test_data import jsonl_layout
+from verlbox.runtime import commands
 from verlbox.runtime.training import prompt_lengths
 from verlbox.runtime.training.data import DataError, to_verl_row, write_parquet
 from verlbox.runtime.training.prompt_lengths import KEY, PromptLengths, fitted, measure
@@ -166,6 +169,46 @@ def test_two_models_on_one_data_folder_keep_their_own_lengths(tmp_path: Path) ->
     assert len(record["entries"]) == prompt_lengths.RECORD_ENTRIES
     measure([train], models[0], "prompt", print, load=_counting_loader(loads))
     assert loads == [*models[:2], *models[2:], models[0]]
+
+
+def test_the_entry_dropped_is_the_one_longest_unused(tmp_path: Path) -> None:
+    train = _data(tmp_path / "data", [3])
+    models = [_model(tmp_path / f"model-{n}", f'{{"model": {n}}}') for n in range(prompt_lengths.RECORD_ENTRIES + 1)]
+    loads: list[Path] = []
+    for model in [*models[:-1], models[0], models[-1], models[0]]:  # model 0 used again before the last comes
+        measure([train], model, "prompt", print, load=_counting_loader(loads))
+    assert loads == models  # model 1 went, not model 0
+    measure([train], models[1], "prompt", print, load=_counting_loader(loads))
+    assert loads == [*models, models[1]]
+
+
+def test_prepare_data_records_for_a_train_run_that_trusts_remote_code(
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`prepare-data --model DIR --trust-remote-code` loads the tokenizer as such a run would, and the run
+    finds every length recorded."""
+    loaded: list[bool] = []
+
+    def load(model_dir: Path, trust_remote_code: bool = False) -> WordTokenizer:
+        loaded.append(trust_remote_code)
+        return WordTokenizer()
+
+    monkeypatch.setattr(prompt_lengths, "load_tokenizer", load)
+    monkeypatch.setattr(commands, "_missing", lambda *modules: [])  # transformers: the image has it
+    out = tmp_path / "gsm8k"
+    arguments = {"source": str(jsonl_layout(tmp_path / "raw")), "out": str(out), "validation_size": 2}
+    commands.prepare_data(Namespace(**arguments, model=str(model), trust_remote_code=True))
+    assert loaded == [True]
+    overrides = [
+        f"data.train_files={out / 'train.parquet'}",
+        f"data.val_files={out / 'validation.parquet'}",
+        f"{KEY}=256",
+        f"actor_rollout_ref.model.path={model}",
+        "data.trust_remote_code=True",
+    ]
+    said: list[str] = []
+    fit_prompt_length(overrides, [], said.append)
+    assert loaded == [True] and not any("tokenizing" in line for line in said)
 
 
 def test_with_remote_code_trusted_the_folder_s_python_files_count(tmp_path: Path, model: Path) -> None:

@@ -267,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also record every prompt's length with this model's tokenizer, as `train` does on first start "
         "(train lowers data.max_prompt_length to the longest; needs transformers: the image has it)",
     )
+    prepare.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="with --model: load its tokenizer as verl does with data.trust_remote_code=True (the folder's own "
+        "Python code runs), so that a train run with that setting finds the lengths recorded",
+    )
 
     init = sub["init"]
     init.add_argument("directory", nargs="?", default=".", help="the run folder (default: the current one)")

@@ -102,6 +102,8 @@ def prepare_data(args: argparse.Namespace) -> int:
     from verlbox.runtime.training import prompt_lengths
     from verlbox.runtime.training.data import prepare_gsm8k
 
+    if args.trust_remote_code and not args.model:
+        raise UsageError("--trust-remote-code goes with --model (it says how to load the model's tokenizer)")
     if args.model:  # refused before anything is written
         _check_tokenizer_folder(Path(args.model))
 
@@ -112,7 +114,11 @@ def prepare_data(args: argparse.Namespace) -> int:
     if args.model:
         # the files the profiles train and validate on, so train's first start finds them measured
         files = [folder / "train.parquet", folder / "validation.parquet"]
-        lengths = prompt_lengths.measure(files, Path(args.model), "prompt", lambda line: out.print(line, markup=False))
+
+        def say(line: str) -> None:
+            out.print(line, markup=False)
+
+        lengths = prompt_lengths.measure(files, Path(args.model), "prompt", say, args.trust_remote_code)
         out.print(f"prompt lengths: {lengths.total} prompts, the longest {lengths.longest} tokens")
     return 0
 

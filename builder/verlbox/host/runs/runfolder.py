@@ -142,50 +142,51 @@ def _image(requested: str | None, previous: dict[str, str], notes: list[str]) ->
 
 
 def newest_current(found: list[FoundImage], notes: list[str]) -> str:
-    """The newest of FOUND (newest first) built from this verlbox's own recipe, verl patch set and lock; one of
-    another version of them (an older verlbox's build, say) only when there is no other, and never without a
-    note naming it."""
+    """The newest current image of FOUND (newest first): built from this verlbox's own recipe, verl patch set
+    and lock, or from a recipe it does not ship. One built from another version of them (an older verlbox's
+    build, say) only when there is no other, and never without a note naming it."""
     stale = {image.tag: reason for image in found if (reason := out_of_date(image.labels))}
     tags = [image.tag for image in found]
     chosen = next((tag for tag in tags if tag not in stale), tags[0])
     newer, others = tags[: tags.index(chosen)], tags[tags.index(chosen) + 1 :]
-    also = f"also: {', '.join(others)}; --image REF takes another" if others else "--image REF takes another"
+    also = (f"Also here: {', '.join(others)}; " if others else "") + "--image REF takes another."
     if chosen in stale:
         recipe = found[0].labels[RECIPE_LABEL]
+        verify = f"; `verlbox verify {chosen}` lists what differs" if _shipped(paths.recipes_dir(), recipe)[1] else ""
         notes.append(
-            f"VERLBOX_IMAGE={chosen}, the newest verlbox image here, {stale[chosen]}: rebuild it (`verlbox build "
-            f"{recipe}`) for a current one; `verlbox verify {chosen}` lists what differs ({also})"
+            f"VERLBOX_IMAGE={chosen}, the newest verlbox image here, was built from {stale[chosen]}. Rebuild it "
+            f"(`verlbox build {recipe}`) for a current one{verify}. {also}"
         )
     elif newer:
-        passed_over = "; ".join(f"{tag}, {stale[tag]}" for tag in newer)
+        passed_over = "; ".join(f"{tag}, built from {stale[tag]}" for tag in newer)
         notes.append(
-            f"VERLBOX_IMAGE={chosen}, the newest verlbox image of this verlbox's recipes; passed over, though newer: "
-            f"{passed_over} ({also})"
+            f"VERLBOX_IMAGE={chosen}, the newest verlbox image that is current. Passed over, though newer: "
+            f"{passed_over}. {also}"
         )
     elif others:
-        notes.append(f"VERLBOX_IMAGE={chosen}, the newest verlbox image here ({also})")
+        notes.append(f"VERLBOX_IMAGE={chosen}, the newest verlbox image here. {also}")
     return chosen
 
 
 def out_of_date(labels: Mapping[str, str]) -> str | None:
-    """Why an image with LABELS is not what this verlbox builds from the shipped recipe it names; None when it
-    is, or when it names no shipped recipe (nothing here to hold it to)."""
-    name = labels.get(RECIPE_LABEL, "")
-    if name not in recipe_names():
+    """What an image with LABELS was built from, when it is not what this verlbox builds from the shipped
+    recipe it names; None when it is, or when it names no shipped recipe (nothing here to hold it to)."""
+    name, recipes = labels.get(RECIPE_LABEL, ""), paths.recipes_dir()
+    if name not in recipe_names(recipes):
         return None
-    changed = label_differences(*_shipped(name), labels)
+    changed = label_differences(*_shipped(recipes, name), labels)
     if not changed:
         return None
     words = [HASH_LABELS[label] for label in changed]
     parts = " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
-    return f"built with another {parts} than this verlbox's {name} ({', '.join(changed)})"
+    return f"another version of {name}'s {parts} than this verlbox's (labels {', '.join(changed)})"
 
 
 @functools.cache
-def _shipped(name: str) -> tuple[RecipeHead, Lock | None]:
-    """Shipped recipe NAME and its lock; a lock that cannot be read or was made for another version of the
-    recipe (a checkout whose recipe was edited, not locked again) is not held against any image."""
-    recipe = load_recipe(name)
+def _shipped(recipes: Path, name: str) -> tuple[RecipeHead, Lock | None]:
+    """Recipe NAME of the folder RECIPES and its lock; a lock that cannot be read or was made for another
+    version of the recipe (a checkout whose recipe was edited, not locked again) is held against no image."""
+    recipe = load_recipe(recipes / f"{name}.yaml")
     try:
         lock = read_lock(recipe.lock_path) if recipe.lock_path and recipe.lock_path.is_file() else None
     except VerlboxError:

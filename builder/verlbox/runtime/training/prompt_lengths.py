@@ -72,15 +72,15 @@ class Record(BaseModel):
     format: int
     entries: list[Entry]
 
-    def entry(self, tokenizer: str, prompt_key: str) -> Entry:
-        """The entry for TOKENIZER and PROMPT_KEY, made (and the oldest beyond RECORD_ENTRIES dropped) when
-        there is none; the one used moves last, so the oldest is the one longest unused."""
+    def entry(self, tokenizer: str, prompt_key: str) -> tuple[Entry, bool]:
+        """The entry for TOKENIZER and PROMPT_KEY, made (and the first beyond RECORD_ENTRIES dropped) when there
+        is none, and moved last, so that the first is the one longest unused; and whether the order changed."""
         found = next((e for e in self.entries if (e.tokenizer, e.prompt_key) == (tokenizer, prompt_key)), None)
         if found is None:
             found = Entry(tokenizer=tokenizer, prompt_key=prompt_key, files={})
         others = [e for e in self.entries if e is not found]
-        self.entries = [*others[max(0, len(others) - RECORD_ENTRIES + 1) :], found]
-        return found
+        before, self.entries = self.entries, [*others[max(0, len(others) - RECORD_ENTRIES + 1) :], found]
+        return found, self.entries != before
 
 
 @dataclass(frozen=True)
@@ -157,18 +157,21 @@ def measure(
     for path in files:
         record_path = path.parent / RECORD
         record = (_read_record(record_path) if digest else None) or Record(format=RECORD_FORMAT, entries=[])
-        entry = record.entry(digest or "", prompt_key)
+        entry, moved = record.entry(digest or "", prompt_key)
         sha256 = file_sha256(path)
         known = entry.files.get(path.name)
-        if known is None or known.sha256 != sha256:
+        measured = known is None or known.sha256 != sha256
+        if measured:
             # the real tokenizer takes seconds to load: a start whose files are all recorded never needs it
             if tokenizer is None:
                 tokenizer = (load or functools.partial(load_tokenizer, trust_remote_code=trust_remote_code))(model_dir)
             say(f"prompt lengths: tokenizing {path.name}'s prompts with {model_dir.name}'s chat template")
             known = FileLengths(sha256=sha256, lengths=dict(_tokenized_lengths(path, tokenizer, prompt_key)))
             entry.files[path.name] = known
-            if digest:  # a record that could not tell this tokenizer from another would mislead the next start
-                _write_record(record_path, record, say)
+        # a record that could not tell this tokenizer from another would mislead the next start; one only
+        # reordered that cannot be written costs nothing now, so it is not said at every start
+        if digest and (measured or moved):
+            _write_record(record_path, record, say if measured else lambda _: None)
         counts.update(known.lengths)
     return PromptLengths(counts)
 
