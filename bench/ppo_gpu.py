@@ -11,6 +11,8 @@ verl 0.4.1 PPO with the recipe's profile (or the seeds' batch-1 settings), each 
 report responses per second (prompts x rollout.n); `ppo-before` and `grpo-before` run them with the
 settings they shipped with before issue 31 (BEFORE_ISSUE_31), for a before/after in one call.
 
+`profile-grpo` is `profile` with the GRPO profile (validation, saves, crashes and the resume as for PPO).
+
 Issue 17's restarts: `--crash-after-checkpoint 2 --crash-after-checkpoint 4` interrupts verl (not
 verlbox) once step 2, then step 4, is saved, so verlbox's supervisor restarts it and it resumes; a
 `refuse` run then asks for another batch (32) over the same checkpoints and must be refused (exit 3)
@@ -69,6 +71,9 @@ BEFORE = {
 }
 # run name -> the profile `train --profile` gets
 PROFILE_RUNS = {"ppo": "p40", "grpo": "grpo", "plain": "p40", "ppo-before": "p40", "grpo-before": "grpo"}
+# runs that save, may be killed or crashed after a save (--kill-after-checkpoint, --crash-after-checkpoint) and
+# resume: `profile` with train's default profile (PPO), `profile-grpo` with GRPO's
+SUPERVISED_RUNS = {"profile": None, "profile-grpo": "grpo"}
 # `plain`: the PPO profile as verlbox ran it before issue 18 (verl's console as it is, no TensorBoard): the
 # other half of the "with and without" comparison
 PLAIN = {"env": {"VERLBOX_PROGRESS": "plain"}, "overrides": ["trainer.logger=[console]"]}
@@ -235,16 +240,17 @@ def main() -> int:
         "--run",
         action="append",
         required=True,
-        help="NAME:STEPS[:KEY=VALUE,...] with NAME profile|seeds|resume|refuse|ppo|grpo|plain|ppo-before|grpo-before",
+        help="NAME:STEPS[:KEY=VALUE,...] with NAME profile|profile-grpo|seeds|resume|refuse|ppo|grpo|plain|"
+        "ppo-before|grpo-before",
     )
     parser.add_argument("--gpu-memory-gib", default="24")
-    parser.add_argument("--kill-after-checkpoint", type=int, help="profile run: SIGKILL once this step is saved")
+    parser.add_argument("--kill-after-checkpoint", type=int, help="profile runs: SIGKILL once this step is saved")
     parser.add_argument(
         "--crash-after-checkpoint",
         type=int,
         action="append",
         default=[],
-        help="profile run: interrupt verl once this step is saved",
+        help="profile runs: interrupt verl once this step is saved",
     )
     parser.add_argument("--save-freq", type=int, default=20)
     parser.add_argument("--test-freq", type=int, default=-1)
@@ -281,8 +287,10 @@ def main() -> int:
         else:
             batch = 32 if name == "refuse" else 16
             overrides = [f"data.train_batch_size={batch}", *common, f"trainer.save_freq={args.save_freq}", *extras]
-        kill = args.kill_after_checkpoint if name == "profile" else None
-        crashes = args.crash_after_checkpoint if name == "profile" else []
+        if name in SUPERVISED_RUNS:
+            profile = SUPERVISED_RUNS[name]
+        kill = args.kill_after_checkpoint if name in SUPERVISED_RUNS else None
+        crashes = args.crash_after_checkpoint if name in SUPERVISED_RUNS else []
         log = args.out / f"{number}-{name}.log"
         # the refusal comes before verl starts: it runs whatever the training left of the budget
         until = float("inf") if name == "refuse" else deadline
