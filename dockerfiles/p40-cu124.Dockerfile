@@ -138,6 +138,7 @@ LABEL org.opencontainers.image.title="verlbox p40-cu124" \
       io.verlbox.version="0.1.0" \
       io.verlbox.recipe="p40-cu124" \
       io.verlbox.recipe.hash="504d07ee9a78e364d0a608b1c1ed93fa42ccaf7beee142eda61a3c7a01f1131d" \
+      io.verlbox.recipe.origin="shipped" \
       io.verlbox.base="debian:bookworm-slim" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="232a330362d8d3212a3ca26f49fa7a6ba307d08e58f1eee516b6ae9437e4a1a7" \

@@ -161,6 +161,7 @@ LABEL org.opencontainers.image.title="verlbox p40" \
       io.verlbox.version="0.1.0" \
       io.verlbox.recipe="p40" \
       io.verlbox.recipe.hash="5b51fa0c0f0a639cba7cf7de7bc6de668a711e460b9da9b2f79e4118737a2059" \
+      io.verlbox.recipe.origin="shipped" \
       io.verlbox.base="nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04" \
       io.verlbox.target-gpus="6.1" \
       io.verlbox.verl-patch-set.hash="232a330362d8d3212a3ca26f49fa7a6ba307d08e58f1eee516b6ae9437e4a1a7" \

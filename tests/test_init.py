@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, docker, run_verlbox
 from verlbox import paths
 from verlbox.host.building.build import default_tag
-from verlbox.host.building.plan import BuildPlan
+from verlbox.host.building.plan import RECIPE_ORIGIN_LABEL, BuildPlan
 from verlbox.host.recipes.recipe import load_recipe
 from verlbox.host.runs import runfolder
 from verlbox.host.runs.runfolder import ENV_HEADER, FOLDERS, FoundImage, newest_current, newest_first
@@ -399,6 +399,13 @@ def test_with_only_images_of_another_recipe_version_init_takes_the_newest_and_sa
     # a recipe verlbox does not ship (a user's own file) has nothing here to hold it to: it counts as current
     own = found("mine/custom:1", {"io.verlbox.recipe": "my-own"})
     assert newest_current([stale, own], []) == own.tag
+    # nor does a user's edited copy that kept a shipped recipe's name: its image is current, with no note
+    edited = found("mine/p40-cu124:1", stale.labels | {RECIPE_ORIGIN_LABEL: "user"})
+    notes.clear()
+    assert newest_current([edited, stale], notes) == edited.tag
+    assert notes == [
+        f"VERLBOX_IMAGE={edited.tag}, the newest verlbox image here. Also here: {stale.tag}; --image REF takes another."
+    ]
 
 
 def test_a_lock_made_for_another_recipe_version_is_held_against_no_image(

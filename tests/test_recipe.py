@@ -9,6 +9,7 @@ import yaml
 
 from conftest import REPO, run_verlbox
 from verlbox.errors import RecipeError
+from verlbox.host.building.plan import RECIPE_ORIGIN_LABEL, BuildPlan
 from verlbox.host.recipes.recipe import load_recipe, recipe_names
 
 
@@ -47,6 +48,19 @@ def test_extends_shares_the_verl_stack_and_child_keys_win(tmp_path: Path) -> Non
     # a nested mapping merges key by key: torchvision still comes from the parent
     assert child.torch.torchvision == parent.torch.torchvision
     assert child.content_hash != parent.content_hash
+
+
+def test_a_users_file_named_like_a_shipped_recipe_is_labelled_as_the_users(tmp_path: Path) -> None:
+    """An edited copy keeps the shipped name (from the file name), but its image says it is the user's: init
+    must not hold it to this verlbox's version of the shipped recipe, nor tell the user to rebuild that."""
+    copy = tmp_path / "p40-cu124.yaml"
+    data = yaml.safe_load((REPO / "recipes" / "p40-cu124.yaml").read_text())
+    write(tmp_path, "p40-cu124", data | {"description": "my edited copy"})
+    shipped, own = load_recipe("p40-cu124"), load_recipe(copy)
+    assert own.name == shipped.name and own.content_hash != shipped.content_hash
+    assert (shipped.shipped, own.shipped) == (True, False)
+    assert BuildPlan(shipped).labels[RECIPE_ORIGIN_LABEL] == "shipped"
+    assert BuildPlan(own).labels[RECIPE_ORIGIN_LABEL] == "user"
 
 
 def test_null_removes_an_inherited_component(tmp_path: Path) -> None:

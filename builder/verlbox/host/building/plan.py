@@ -16,6 +16,8 @@ from verlbox.host.recipes.lock import Lock, read_lock
 from verlbox.host.recipes.recipe import RecipeHead
 from verlbox.runtime.training.patches import patch_set_for
 
+RECIPE_ORIGIN_LABEL = "io.verlbox.recipe.origin"
+
 Part = Literal["system", "builder", "final"]
 
 
@@ -129,6 +131,9 @@ class BuildPlan:
             "io.verlbox.version": self.verlbox_version,
             "io.verlbox.recipe": self.recipe.name,
             "io.verlbox.recipe.hash": self.recipe.content_hash,
+            # init holds only a shipped recipe's images to this verlbox's version of it; a user's file named
+            # like one (an edited copy) has nothing here to be held to
+            RECIPE_ORIGIN_LABEL: "shipped" if self.recipe.shipped else "user",
             "io.verlbox.base": self.base_image,
             "io.verlbox.target-gpus": ",".join(self.recipe.target_gpus),
             "io.verlbox.verl-patch-set.hash": self.patch_set_hash,

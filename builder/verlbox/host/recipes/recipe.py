@@ -104,6 +104,11 @@ class RecipeHead(Strict):
         return self._source
 
     @property
+    def shipped(self) -> bool:
+        """Whether this is one of verlbox's own recipe files, not a user's file of the same name."""
+        return self._source is not None and self._source.parent == paths.recipes_dir().resolve()
+
+    @property
     def lock_path(self) -> Path | None:
         """STEM.lock.json beside the recipe file: where `verlbox lock` writes and builds read."""
         return None if self._source is None else self._source.with_name(self._source.stem + LOCK_SUFFIX)

@@ -33,6 +33,7 @@ from verlbox import paths
 from verlbox.dotenv import dotenv_values
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
+from verlbox.host.building.plan import RECIPE_ORIGIN_LABEL
 from verlbox.host.building.staging import REPOSITORY as STAGING_REPOSITORY
 from verlbox.host.clients.engine import EngineError, client
 from verlbox.host.clients.reference import parse_reference
@@ -170,9 +171,10 @@ def newest_current(found: list[FoundImage], notes: list[str]) -> str:
 
 def out_of_date(labels: Mapping[str, str]) -> str | None:
     """What an image with LABELS was built from, when it is not what this verlbox builds from the shipped
-    recipe it names; None when it is, or when it names no shipped recipe (nothing here to hold it to)."""
+    recipe it names; None when it is, or when it was built from a user's file (one named like a shipped
+    recipe included) or names no shipped recipe: nothing here to hold it to."""
     name, recipes = labels.get(RECIPE_LABEL, ""), paths.recipes_dir()
-    if name not in recipe_names(recipes):
+    if labels.get(RECIPE_ORIGIN_LABEL) == "user" or name not in recipe_names(recipes):
         return None
     changed = label_differences(*_shipped(recipes, name), labels)
     if not changed:
