@@ -88,6 +88,7 @@ def test_labels_carry_recipe_hash_pins_and_patch_set(image: str) -> None:
     recipe = load_recipe("p40-cu124")
     assert labels["io.verlbox.recipe"] == "p40-cu124"
     assert labels["io.verlbox.recipe.hash"] == recipe.content_hash
+    assert labels["io.verlbox.recipe.origin"] == "shipped"
     assert labels["io.verlbox.verl-patch-set.hash"] == patch_set_for("0.4.1").content_hash
     assert labels["io.verlbox.version"] == "0.1.0"
     for component, version in recipe.pins().items():

@@ -289,6 +289,28 @@ def build_labelled(folder: Path, tag: str, epoch: int, label: bool, more: str = 
     docker("buildx", "build", "-q", "--load", "--build-arg", f"SOURCE_DATE_EPOCH={epoch}", "-t", tag, str(folder))
 
 
+@pytest.mark.docker
+def test_verify_asks_for_the_users_own_recipe_file_of_an_image_built_from_one(
+    docker_engine: object, tmp_path: Path
+) -> None:
+    """Held to the shipped recipe of its name, an image of an edited copy would list every change as a fault."""
+    tag = f"verlbox-test/verify-user-recipe:{os.getpid()}"
+    try:
+        build_labelled(tmp_path / "image", tag, 1, label=True, more=f" {RECIPE_ORIGIN_LABEL}=user", recipe="p40-cu124")
+        result = run_verlbox("verify", tag)
+        assert result.returncode == 2, result.stderr
+        assert (
+            result.stderr.strip()
+            .splitlines()[-1]
+            .endswith(
+                f"{tag} was built from your own recipe file named p40-cu124, not verlbox's shipped one: "
+                "pass --recipe PATH, that file"
+            )
+        )
+    finally:
+        docker("image", "rm", tag, check=False)
+
+
 @pytest.fixture
 def labelled_images(docker_engine: object, tmp_path: Path) -> Iterator[dict[str, str]]:
     """Dated in 2096, so that they are newer than any image a build makes on this engine today."""

@@ -50,17 +50,23 @@ def test_extends_shares_the_verl_stack_and_child_keys_win(tmp_path: Path) -> Non
     assert child.content_hash != parent.content_hash
 
 
-def test_a_users_file_named_like_a_shipped_recipe_is_labelled_as_the_users(tmp_path: Path) -> None:
-    """An edited copy keeps the shipped name (from the file name), but its image says it is the user's: init
-    must not hold it to this verlbox's version of the shipped recipe, nor tell the user to rebuild that."""
-    copy = tmp_path / "p40-cu124.yaml"
+def test_a_recipe_counts_as_shipped_by_its_content_not_its_place(tmp_path: Path) -> None:
+    """An image says whether its recipe was verlbox's shipped one of its name: init holds only those to this
+    verlbox's version. An edited copy keeps the shipped name (from its file name), and a file may take one
+    (`name:`), but neither is the shipped recipe; an unchanged copy is, wherever it lies."""
     data = yaml.safe_load((REPO / "recipes" / "p40-cu124.yaml").read_text())
-    write(tmp_path, "p40-cu124", data | {"description": "my edited copy"})
-    shipped, own = load_recipe("p40-cu124"), load_recipe(copy)
-    assert own.name == shipped.name and own.content_hash != shipped.content_hash
-    assert (shipped.shipped, own.shipped) == (True, False)
-    assert BuildPlan(shipped).labels[RECIPE_ORIGIN_LABEL] == "shipped"
-    assert BuildPlan(own).labels[RECIPE_ORIGIN_LABEL] == "user"
+    edited = load_recipe(write(tmp_path, "p40-cu124", data | {"description": "my edited copy"}))
+    (tmp_path / "copy").mkdir()
+    unchanged = load_recipe(write(tmp_path / "copy", "p40-cu124", data))
+    renamed = load_recipe(write(tmp_path, "mine", data | {"name": "p40-cu124", "description": "mine"}))
+    by_path = load_recipe(REPO / "recipes" / "p40-cu124.yaml")
+    assert edited.name == renamed.name == "p40-cu124" != load_recipe(write(tmp_path, "other", data)).name
+    assert (load_recipe("p40-cu124").shipped, by_path.shipped, unchanged.shipped) == (True, True, True)
+    assert (edited.shipped, renamed.shipped, load_recipe(tmp_path / "other.yaml").shipped) == (False, False, False)
+    assert (
+        BuildPlan(by_path).labels[RECIPE_ORIGIN_LABEL] == BuildPlan(unchanged).labels[RECIPE_ORIGIN_LABEL] == "shipped"
+    )
+    assert BuildPlan(edited).labels[RECIPE_ORIGIN_LABEL] == "user"
 
 
 def test_null_removes_an_inherited_component(tmp_path: Path) -> None:

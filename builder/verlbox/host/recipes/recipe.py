@@ -103,10 +103,11 @@ class RecipeHead(Strict):
     def source(self) -> Path | None:
         return self._source
 
-    @property
+    @cached_property
     def shipped(self) -> bool:
-        """Whether this is one of verlbox's own recipe files, not a user's file of the same name."""
-        return self._source is not None and self._source.parent == paths.recipes_dir().resolve()
+        """Whether this is verlbox's shipped recipe of its name, by content: a user's unchanged copy is, an
+        edited one (or another file that takes a shipped recipe's name) is not, wherever the file lies."""
+        return self.name in recipe_names() and load_recipe(self.name).content_hash == self.content_hash
 
     @property
     def lock_path(self) -> Path | None:
