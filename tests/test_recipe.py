@@ -10,7 +10,7 @@ import yaml
 from conftest import REPO, run_verlbox
 from verlbox.errors import RecipeError
 from verlbox.host.building.plan import RECIPE_ORIGIN_LABEL, BuildPlan
-from verlbox.host.recipes.recipe import load_recipe, recipe_names
+from verlbox.host.recipes.recipe import RecipeHead, load_recipe, recipe_names
 
 
 def write(folder: Path, name: str, data: dict) -> Path:
@@ -51,21 +51,29 @@ def test_extends_shares_the_verl_stack_and_child_keys_win(tmp_path: Path) -> Non
 
 
 def test_a_recipe_counts_as_shipped_by_its_content_not_its_place(tmp_path: Path) -> None:
-    """An image says whether its recipe was verlbox's shipped one of its name: init holds only those to this
-    verlbox's version. An edited copy keeps the shipped name (from its file name), and a file may take one
-    (`name:`), but neither is the shipped recipe; an unchanged copy is, wherever it lies."""
-    data = yaml.safe_load((REPO / "recipes" / "p40-cu124.yaml").read_text())
-    edited = load_recipe(write(tmp_path, "p40-cu124", data | {"description": "my edited copy"}))
-    (tmp_path / "copy").mkdir()
-    unchanged = load_recipe(write(tmp_path / "copy", "p40-cu124", data))
-    renamed = load_recipe(write(tmp_path, "mine", data | {"name": "p40-cu124", "description": "mine"}))
-    by_path = load_recipe(REPO / "recipes" / "p40-cu124.yaml")
-    assert edited.name == renamed.name == "p40-cu124" != load_recipe(write(tmp_path, "other", data)).name
-    assert (load_recipe("p40-cu124").shipped, by_path.shipped, unchanged.shipped) == (True, True, True)
-    assert (edited.shipped, renamed.shipped, load_recipe(tmp_path / "other.yaml").shipped) == (False, False, False)
-    assert (
-        BuildPlan(by_path).labels[RECIPE_ORIGIN_LABEL] == BuildPlan(unchanged).labels[RECIPE_ORIGIN_LABEL] == "shipped"
-    )
+    """An image says whether its recipe was verlbox's shipped one of its name: init and verify hold only those
+    to this verlbox's version. An edited copy keeps the shipped name (from its file name), and a file may take
+    one (`name:`), but neither is the shipped recipe; an unchanged copy of the recipe and its lock is, wherever
+    it lies. A copy without the lock, or locked anew, builds other packages: not the shipped recipe."""
+    shipped_file = REPO / "recipes" / "p40-cu124.yaml"
+    data = yaml.safe_load(shipped_file.read_text())
+    lock = shipped_file.with_name("p40-cu124.lock.json").read_text()
+
+    def copy(folder: str, lock_text: str | None, **changes: str) -> RecipeHead:
+        (tmp_path / folder).mkdir()
+        if lock_text is not None:
+            (tmp_path / folder / "p40-cu124.lock.json").write_text(lock_text)
+        return load_recipe(write(tmp_path / folder, "p40-cu124", data | changes))
+
+    unchanged, unlocked = copy("unchanged", lock), copy("unlocked", None)
+    relocked = copy("relocked", lock.replace('"', ' "', 1))  # the same lock data, other bytes: made anew
+    edited = copy("edited", None, description="my edited copy")  # with the old lock, a build refuses it
+    renamed = load_recipe(write(tmp_path, "mine", data | {"name": "p40-cu124"}))
+    assert edited.name == renamed.name == "p40-cu124"
+    assert (load_recipe("p40-cu124").shipped, load_recipe(shipped_file).shipped, unchanged.shipped) == (True,) * 3
+    assert (unlocked.shipped, relocked.shipped, edited.shipped, renamed.shipped) == (False,) * 4
+    assert load_recipe(write(tmp_path, "other", data)).shipped is False  # not a shipped name at all
+    assert BuildPlan(unchanged).labels[RECIPE_ORIGIN_LABEL] == "shipped"
     assert BuildPlan(edited).labels[RECIPE_ORIGIN_LABEL] == "user"
 
 

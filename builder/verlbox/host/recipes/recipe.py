@@ -105,9 +105,16 @@ class RecipeHead(Strict):
 
     @cached_property
     def shipped(self) -> bool:
-        """Whether this is verlbox's shipped recipe of its name, by content: a user's unchanged copy is, an
-        edited one (or another file that takes a shipped recipe's name) is not, wherever the file lies."""
-        return self.name in recipe_names() and load_recipe(self.name).content_hash == self.content_hash
+        """Whether this is verlbox's shipped recipe of its name, by content, wherever the file lies: the same
+        recipe and the same lock beside it (a build installs what the lock says). A user's unchanged copy of
+        both is; an edited copy, a copy locked anew or unlocked, or a file that takes a shipped name is not."""
+        if self.name not in recipe_names():
+            return False
+        try:
+            shipped = load_recipe(self.name)
+        except RecipeError:  # a broken shipped recipe is no reason to refuse the user's own
+            return False
+        return shipped.content_hash == self.content_hash and _bytes(shipped.lock_path) == _bytes(self.lock_path)
 
     @property
     def lock_path(self) -> Path | None:
@@ -165,6 +172,10 @@ def recipe_names(recipes_dir: Path | None = None) -> list[str]:
 
 def _looks_like_path(reference: str) -> bool:
     return "/" in reference or reference.endswith((".yaml", ".yml"))
+
+
+def _bytes(path: Path | None) -> bytes | None:
+    return path.read_bytes() if path is not None and path.is_file() else None
 
 
 def resolve_recipe_path(reference: str) -> Path:
