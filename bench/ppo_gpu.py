@@ -287,10 +287,11 @@ def main() -> int:
         else:
             batch = 32 if name == "refuse" else 16
             overrides = [f"data.train_batch_size={batch}", *common, f"trainer.save_freq={args.save_freq}", *extras]
-        if name in SUPERVISED_RUNS:
+        supervised = name in SUPERVISED_RUNS
+        if supervised:
             profile = SUPERVISED_RUNS[name]
-        kill = args.kill_after_checkpoint if name in SUPERVISED_RUNS else None
-        crashes = args.crash_after_checkpoint if name in SUPERVISED_RUNS else []
+        kill = args.kill_after_checkpoint if supervised else None
+        crashes = args.crash_after_checkpoint if supervised else []
         log = args.out / f"{number}-{name}.log"
         # the refusal comes before verl starts: it runs whatever the training left of the budget
         until = float("inf") if name == "refuse" else deadline

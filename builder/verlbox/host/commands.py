@@ -17,7 +17,7 @@ from verlbox import paths
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
 from verlbox.host.building.build import image_for
-from verlbox.host.building.plan import RECIPE_ORIGIN_LABEL, BuildPlan
+from verlbox.host.building.plan import BuildPlan, from_users_recipe
 from verlbox.host.building.render import render_dockerfile
 from verlbox.host.recipes.recipe import RecipeHead, load_recipe, recipe_names
 
@@ -275,7 +275,7 @@ def verify(args: argparse.Namespace) -> int:
     reference = args.recipe or labels.get("io.verlbox.recipe")
     if not reference:
         raise UsageError(f"{args.image} names no recipe (no io.verlbox.recipe label): pass --recipe")
-    if not args.recipe and labels.get(RECIPE_ORIGIN_LABEL) == "user":
+    if not args.recipe and from_users_recipe(labels):
         raise UsageError(
             f"{args.image} was built from your own recipe file named {reference}, not verlbox's shipped one: "
             "pass --recipe PATH, that file"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
@@ -17,6 +18,12 @@ from verlbox.host.recipes.recipe import RecipeHead
 from verlbox.runtime.training.patches import patch_set_for
 
 RECIPE_ORIGIN_LABEL = "io.verlbox.recipe.origin"
+
+
+def from_users_recipe(labels: Mapping[str, str]) -> bool:
+    """Whether an image's LABELS say it was built from a user's recipe, not verlbox's shipped one of its name."""
+    return labels.get(RECIPE_ORIGIN_LABEL) == "user"
+
 
 Part = Literal["system", "builder", "final"]
 

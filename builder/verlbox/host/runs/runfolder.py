@@ -33,7 +33,7 @@ from verlbox import paths
 from verlbox.dotenv import dotenv_values
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
-from verlbox.host.building.plan import RECIPE_ORIGIN_LABEL
+from verlbox.host.building.plan import from_users_recipe
 from verlbox.host.building.staging import REPOSITORY as STAGING_REPOSITORY
 from verlbox.host.clients.engine import EngineError, client
 from verlbox.host.clients.reference import parse_reference
@@ -174,7 +174,7 @@ def out_of_date(labels: Mapping[str, str]) -> str | None:
     recipe it names; None when it is, or when it was built from a user's file (one named like a shipped
     recipe included) or names no shipped recipe: nothing here to hold it to."""
     name, recipes = labels.get(RECIPE_LABEL, ""), paths.recipes_dir()
-    if labels.get(RECIPE_ORIGIN_LABEL) == "user" or name not in recipe_names(recipes):
+    if from_users_recipe(labels) or name not in recipe_names(recipes):
         return None
     changed = label_differences(*_shipped(recipes, name), labels)
     if not changed:
