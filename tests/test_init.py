@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from conftest import REPO, docker, run_verlbox
 from verlbox import paths
 from verlbox.host.building.build import default_tag
 from verlbox.host.building.plan import RECIPE_ORIGIN_LABEL, BuildPlan
+from verlbox.host.commands import _lock_check
 from verlbox.host.recipes.recipe import load_recipe
 from verlbox.host.runs import runfolder
 from verlbox.host.runs.runfolder import ENV_HEADER, FOLDERS, FoundImage, newest_current, newest_first
@@ -290,23 +292,26 @@ def build_labelled(folder: Path, tag: str, epoch: int, label: bool, more: str = 
 
 
 @pytest.mark.docker
-def test_verify_asks_for_the_users_own_recipe_file_of_an_image_built_from_one(
+def test_verify_and_smoke_ask_for_the_users_own_recipe_file_of_an_image_built_from_one(
     docker_engine: object, tmp_path: Path
 ) -> None:
     """Held to the shipped recipe of its name, an image of an edited copy would list every change as a fault."""
     tag = f"verlbox-test/verify-user-recipe:{os.getpid()}"
+    note = f"{tag} was built from your own recipe file named p40-cu124 (label {RECIPE_ORIGIN_LABEL}=user)"
     try:
         build_labelled(tmp_path / "image", tag, 1, label=True, more=f" {RECIPE_ORIGIN_LABEL}=user", recipe="p40-cu124")
         result = run_verlbox("verify", tag)
         assert result.returncode == 2, result.stderr
-        assert (
-            result.stderr.strip()
-            .splitlines()[-1]
-            .endswith(
-                f"{tag} was built from your own recipe file named p40-cu124, not verlbox's shipped one: "
-                "pass --recipe PATH, that file"
-            )
-        )
+        assert result.stderr.strip().splitlines()[-1].endswith(f"{note}: pass --recipe PATH, that file")
+        # smoke's host row (the in-image checks need a real image): by the shipped name, a failure that says why
+        row = _lock_check(argparse.Namespace(recipe="p40-cu124"), tag)
+        assert (row.name, row.status) == ("image of this recipe", "failed")
+        assert row.detail == f"{note}, not the shipped one: name that file's path instead"
+        mine = tmp_path / "mine"
+        mine.mkdir()
+        shutil.copy(REPO / "recipes" / "p40-cu124.yaml", mine / "p40-cu124.yaml")  # its lock stays behind
+        row = _lock_check(argparse.Namespace(recipe=str(mine / "p40-cu124.yaml")), tag)
+        assert (row.name, row.status) == ("matches its lock", "skipped")
     finally:
         docker("image", "rm", tag, check=False)
 

@@ -67,14 +67,35 @@ def test_a_recipe_counts_as_shipped_by_its_content_not_its_place(tmp_path: Path)
 
     unchanged, unlocked = copy("unchanged", lock), copy("unlocked", None)
     relocked = copy("relocked", lock.replace('"', ' "', 1))  # the same lock data, other bytes: made anew
-    edited = copy("edited", None, description="my edited copy")  # with the old lock, a build refuses it
+    edited = copy("edited", lock, description="my edited copy")  # the shipped lock beside it: a build refuses it
     renamed = load_recipe(write(tmp_path, "mine", data | {"name": "p40-cu124"}))
     assert edited.name == renamed.name == "p40-cu124"
     assert (load_recipe("p40-cu124").shipped, load_recipe(shipped_file).shipped, unchanged.shipped) == (True,) * 3
     assert (unlocked.shipped, relocked.shipped, edited.shipped, renamed.shipped) == (False,) * 4
     assert load_recipe(write(tmp_path, "other", data)).shipped is False  # not a shipped name at all
     assert BuildPlan(unchanged).labels[RECIPE_ORIGIN_LABEL] == "shipped"
-    assert BuildPlan(edited).labels[RECIPE_ORIGIN_LABEL] == "user"
+    assert BuildPlan(renamed).labels[RECIPE_ORIGIN_LABEL] == "user"
+
+
+def test_a_shipped_recipe_that_fails_to_load_makes_the_users_copy_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broken shipped recipe of the same name (an install gone wrong) is nothing to hold the user's copy to: it
+    is the user's, not an error that stops their build."""
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    for name in ("_verl-0.4.1.yaml", "p40-cu124.yaml", "p40-cu124.lock.json"):
+        (shipped / name).write_bytes((REPO / "recipes" / name).read_bytes())
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("p40-cu124.yaml", "p40-cu124.lock.json"):
+        (mine / name).write_bytes((shipped / name).read_bytes())
+    monkeypatch.setattr("verlbox.paths.recipes_dir", lambda: shipped)
+    assert load_recipe(mine / "p40-cu124.yaml").shipped is True  # the unchanged copy, while the shipped one loads
+    (shipped / "p40-cu124.yaml").write_text((shipped / "p40-cu124.yaml").read_text() + "torhc: {}\n")
+    with pytest.raises(RecipeError):
+        load_recipe("p40-cu124")
+    assert load_recipe(mine / "p40-cu124.yaml").shipped is False
 
 
 def test_null_removes_an_inherited_component(tmp_path: Path) -> None:

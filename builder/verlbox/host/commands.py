@@ -17,7 +17,7 @@ from verlbox import paths
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
 from verlbox.host.building.build import image_for
-from verlbox.host.building.plan import BuildPlan, from_users_recipe
+from verlbox.host.building.plan import BuildPlan, from_users_recipe, users_recipe_note
 from verlbox.host.building.render import render_dockerfile
 from verlbox.host.recipes.recipe import RecipeHead, load_recipe, recipe_names
 
@@ -276,10 +276,7 @@ def verify(args: argparse.Namespace) -> int:
     if not reference:
         raise UsageError(f"{args.image} names no recipe (no io.verlbox.recipe label): pass --recipe")
     if not args.recipe and from_users_recipe(labels):
-        raise UsageError(
-            f"{args.image} was built from your own recipe file named {reference}, not verlbox's shipped one: "
-            "pass --recipe PATH, that file"
-        )
+        raise UsageError(f"{users_recipe_note(args.image, reference)}: pass --recipe PATH, that file")
     recipe = load_recipe(reference)
     found = differences(recipe, args.image, labels)
     for difference in found:
@@ -357,6 +354,9 @@ def _lock_check(args: argparse.Namespace, image: str) -> CheckResult:
     labels = image_labels(image)
     if mismatch := other_recipe(recipe.name, image, labels):  # the in-image checks would pass on its own spec
         return CheckResult("host", "image of this recipe", "failed", mismatch)
+    if recipe.shipped and from_users_recipe(labels):  # held to the shipped lock, every edit would be a fault
+        why = f"{users_recipe_note(image, recipe.name)}, not the shipped one: name that file's path instead"
+        return CheckResult("host", "image of this recipe", "failed", why)
     if recipe.lock_path is None or not recipe.lock_path.is_file():
         return CheckResult("host", "matches its lock", "skipped", f"recipe {recipe.name} has no lock yet")
     if found := differences(recipe, image, labels):

@@ -25,6 +25,11 @@ def from_users_recipe(labels: Mapping[str, str]) -> bool:
     return labels.get(RECIPE_ORIGIN_LABEL) == "user"
 
 
+def users_recipe_note(image: str, name: str) -> str:
+    """What to tell someone who named IMAGE's recipe NAME when the image came from their own file of that name."""
+    return f"{image} was built from your own recipe file named {name} (label {RECIPE_ORIGIN_LABEL}=user)"
+
+
 Part = Literal["system", "builder", "final"]
 
 
@@ -138,8 +143,8 @@ class BuildPlan:
             "io.verlbox.version": self.verlbox_version,
             "io.verlbox.recipe": self.recipe.name,
             "io.verlbox.recipe.hash": self.recipe.content_hash,
-            # init holds only a shipped recipe's images to this verlbox's version of it; a user's file named
-            # like one (an edited copy) has nothing here to be held to
+            # init, verify and smoke hold only a shipped recipe's images to this verlbox's version of it; a
+            # user's file named like one (an edited copy) has nothing here to be held to
             RECIPE_ORIGIN_LABEL: "shipped" if self.recipe.shipped else "user",
             "io.verlbox.base": self.base_image,
             "io.verlbox.target-gpus": ",".join(self.recipe.target_gpus),

@@ -175,7 +175,12 @@ def _looks_like_path(reference: str) -> bool:
 
 
 def _bytes(path: Path | None) -> bytes | None:
-    return path.read_bytes() if path is not None and path.is_file() else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise RecipeError(path, "", f"cannot be read ({exc.strerror or exc})") from exc
 
 
 def resolve_recipe_path(reference: str) -> Path:

@@ -144,7 +144,8 @@ def _image(requested: str | None, previous: dict[str, str], notes: list[str]) ->
 
 def newest_current(found: list[FoundImage], notes: list[str]) -> str:
     """The newest current image of FOUND (newest first): built from this verlbox's own recipe, verl patch set
-    and lock, or from a recipe it does not ship. One built from another version of them (an older verlbox's
+    and lock, or from a recipe it does not ship (a user's own file named like a shipped one included: its
+    origin label says `user`). One built from another version of them (an older verlbox's
     build, say) only when there is no other, and never without a note naming it."""
     stale = {image.tag: reason for image in found if (reason := out_of_date(image.labels))}
     tags = [image.tag for image in found]
