@@ -293,7 +293,7 @@ def build_labelled(folder: Path, tag: str, epoch: int, label: bool, more: str = 
 
 @pytest.mark.docker
 def test_verify_and_smoke_ask_for_the_users_own_recipe_file_of_an_image_built_from_one(
-    docker_engine: object, tmp_path: Path
+    docker_engine: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Held to the shipped recipe of its name, an image of an edited copy would list every change as a fault."""
     tag = f"verlbox-test/verify-user-recipe:{os.getpid()}"
@@ -312,6 +312,16 @@ def test_verify_and_smoke_ask_for_the_users_own_recipe_file_of_an_image_built_fr
         shutil.copy(REPO / "recipes" / "p40-cu124.yaml", mine / "p40-cu124.yaml")  # its lock stays behind
         row = _lock_check(argparse.Namespace(recipe=str(mine / "p40-cu124.yaml")), tag)
         assert (row.name, row.status) == ("matches its lock", "skipped")
+        # an unchanged copy with its lock is 'shipped' by content, yet named by its path it is held to that lock:
+        # the comparison itself is faked (it runs the image, and this one is two bytes FROM scratch)
+        shutil.copy(REPO / "recipes" / "p40-cu124.lock.json", mine / "p40-cu124.lock.json")
+        monkeypatch.setattr("verlbox.host.trust.verify.differences", lambda recipe, *_: [f"held to {recipe.lock_path}"])
+        row = _lock_check(argparse.Namespace(recipe=str(mine / "p40-cu124.yaml")), tag)
+        assert (row.name, row.status, row.detail) == (
+            "matches its lock",
+            "failed",
+            f"held to {mine}/p40-cu124.lock.json",
+        )
     finally:
         docker("image", "rm", tag, check=False)
 

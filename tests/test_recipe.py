@@ -77,11 +77,8 @@ def test_a_recipe_counts_as_shipped_by_its_content_not_its_place(tmp_path: Path)
     assert BuildPlan(renamed).labels[RECIPE_ORIGIN_LABEL] == "user"
 
 
-def test_a_shipped_recipe_that_fails_to_load_makes_the_users_copy_their_own(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A broken shipped recipe of the same name (an install gone wrong) is nothing to hold the user's copy to: it
-    is the user's, not an error that stops their build."""
+def shipped_and_a_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """Shipped recipes in a folder of the test's own, and the user's unchanged copy of p40-cu124 and its lock."""
     shipped = tmp_path / "shipped"
     shipped.mkdir()
     for name in ("_verl-0.4.1.yaml", "p40-cu124.yaml", "p40-cu124.lock.json"):
@@ -92,10 +89,43 @@ def test_a_shipped_recipe_that_fails_to_load_makes_the_users_copy_their_own(
         (mine / name).write_bytes((shipped / name).read_bytes())
     monkeypatch.setattr("verlbox.paths.recipes_dir", lambda: shipped)
     assert load_recipe(mine / "p40-cu124.yaml").shipped is True  # the unchanged copy, while the shipped one loads
+    return shipped, mine
+
+
+def test_a_shipped_recipe_that_fails_to_load_makes_the_users_copy_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broken shipped recipe of the same name (an install gone wrong) is nothing to hold the user's copy to: it
+    is the user's, not an error that stops their build."""
+    shipped, mine = shipped_and_a_copy(tmp_path, monkeypatch)
     (shipped / "p40-cu124.yaml").write_text((shipped / "p40-cu124.yaml").read_text() + "torhc: {}\n")
     with pytest.raises(RecipeError):
         load_recipe("p40-cu124")
     assert load_recipe(mine / "p40-cu124.yaml").shipped is False
+
+
+def test_an_unreadable_shipped_lock_makes_the_users_copy_their_own_and_their_own_unreadable_lock_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading fails as a permission would (the suite runs as root, which reads any mode): the shipped lock's
+    failure leaves the user's build alone, the user's own lock's is their error, naming the file."""
+    shipped, mine = shipped_and_a_copy(tmp_path, monkeypatch)
+    unreadable: set[Path] = set()
+    read_bytes = Path.read_bytes
+
+    def refusing(path: Path) -> bytes:
+        if path in unreadable:
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", refusing)
+    unreadable.add(shipped / "p40-cu124.lock.json")
+    assert load_recipe(mine / "p40-cu124.yaml").shipped is False
+    unreadable = {mine / "p40-cu124.lock.json"}
+    with pytest.raises(RecipeError) as error:
+        _ = load_recipe(mine / "p40-cu124.yaml").shipped
+    assert str(mine / "p40-cu124.lock.json") in str(error.value)
+    assert "cannot be read (Permission denied): it must be readable by whoever runs verlbox" in str(error.value)
 
 
 def test_null_removes_an_inherited_component(tmp_path: Path) -> None:

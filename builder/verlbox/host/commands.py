@@ -19,7 +19,7 @@ from verlbox.files import write_atomically
 from verlbox.host.building.build import image_for
 from verlbox.host.building.plan import BuildPlan, from_users_recipe, users_recipe_note
 from verlbox.host.building.render import render_dockerfile
-from verlbox.host.recipes.recipe import RecipeHead, load_recipe, recipe_names
+from verlbox.host.recipes.recipe import RecipeHead, load_recipe, looks_like_path, recipe_names
 
 if TYPE_CHECKING:
     from verlbox.host.building.context import OfflineRepository
@@ -354,7 +354,8 @@ def _lock_check(args: argparse.Namespace, image: str) -> CheckResult:
     labels = image_labels(image)
     if mismatch := other_recipe(recipe.name, image, labels):  # the in-image checks would pass on its own spec
         return CheckResult("host", "image of this recipe", "failed", mismatch)
-    if recipe.shipped and from_users_recipe(labels):  # held to the shipped lock, every edit would be a fault
+    # named by a shipped name, the image of the user's own file would be held to the shipped lock: every edit a fault
+    if not looks_like_path(args.recipe) and from_users_recipe(labels):
         why = f"{users_recipe_note(image, recipe.name)}, not the shipped one: name that file's path instead"
         return CheckResult("host", "image of this recipe", "failed", why)
     if recipe.lock_path is None or not recipe.lock_path.is_file():

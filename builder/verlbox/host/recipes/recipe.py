@@ -112,9 +112,12 @@ class RecipeHead(Strict):
             return False
         try:
             shipped = load_recipe(self.name)
-        except RecipeError:  # a broken shipped recipe is no reason to refuse the user's own
+            if shipped.content_hash != self.content_hash:
+                return False
+            shipped_lock = _bytes(shipped.lock_path)
+        except RecipeError:  # a broken shipped recipe or lock is no reason to refuse the user's own
             return False
-        return shipped.content_hash == self.content_hash and _bytes(shipped.lock_path) == _bytes(self.lock_path)
+        return shipped_lock == _bytes(self.lock_path)
 
     @property
     def lock_path(self) -> Path | None:
@@ -170,7 +173,8 @@ def recipe_names(recipes_dir: Path | None = None) -> list[str]:
     return sorted(p.stem for p in directory.glob("*.yaml") if not p.name.startswith("_"))
 
 
-def _looks_like_path(reference: str) -> bool:
+def looks_like_path(reference: str) -> bool:
+    """Whether a recipe argument names a file (`mine/p40.yaml`) rather than a shipped recipe (`p40`)."""
     return "/" in reference or reference.endswith((".yaml", ".yml"))
 
 
@@ -180,12 +184,13 @@ def _bytes(path: Path | None) -> bytes | None:
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise RecipeError(path, "", f"cannot be read ({exc.strerror or exc})") from exc
+        why = f"cannot be read ({exc.strerror or exc}): it must be readable by whoever runs verlbox"
+        raise RecipeError(path, "", why) from exc
 
 
 def resolve_recipe_path(reference: str) -> Path:
     """A shipped recipe's name, or a path to a YAML file relative to the current folder."""
-    if _looks_like_path(reference):
+    if looks_like_path(reference):
         path = Path(reference).expanduser()
         if not path.is_file():
             raise RecipeError(reference, "", "no such recipe file")
@@ -198,7 +203,7 @@ def resolve_recipe_path(reference: str) -> Path:
 
 
 def _resolve_parent(reference: str, child: Path) -> Path:
-    beside = child.parent / (reference if _looks_like_path(reference) else f"{reference}.yaml")
+    beside = child.parent / (reference if looks_like_path(reference) else f"{reference}.yaml")
     shipped = paths.recipes_dir() / f"{reference}.yaml"
     for candidate in (beside, shipped):
         if candidate.is_file():
