@@ -108,7 +108,7 @@ def test_an_unreadable_shipped_lock_makes_the_users_copy_their_own_and_their_own
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Reading fails as a permission would (the suite runs as root, which reads any mode): the shipped lock's
-    failure leaves the user's build alone, the user's own lock's is their error, naming the file."""
+    failure leaves the user's build alone; a recipe's own lock's, the shipped recipe's too, is an error naming it."""
     shipped, mine = shipped_and_a_copy(tmp_path, monkeypatch)
     unreadable: set[Path] = set()
     read_bytes = Path.read_bytes
@@ -121,11 +121,13 @@ def test_an_unreadable_shipped_lock_makes_the_users_copy_their_own_and_their_own
     monkeypatch.setattr(Path, "read_bytes", refusing)
     unreadable.add(shipped / "p40-cu124.lock.json")
     assert load_recipe(mine / "p40-cu124.yaml").shipped is False
-    unreadable = {mine / "p40-cu124.lock.json"}
-    with pytest.raises(RecipeError) as error:
-        _ = load_recipe(mine / "p40-cu124.yaml").shipped
-    assert str(mine / "p40-cu124.lock.json") in str(error.value)
-    assert "cannot be read (Permission denied): it must be readable by whoever runs verlbox" in str(error.value)
+    for recipe, lock in ((mine / "p40-cu124.yaml", mine), ("p40-cu124", shipped)):  # a copy's own, the shipped one's
+        unreadable.clear()
+        unreadable.add(lock / "p40-cu124.lock.json")
+        with pytest.raises(RecipeError) as error:
+            _ = load_recipe(recipe).shipped
+        assert str(lock / "p40-cu124.lock.json") in str(error.value)
+        assert "cannot be read (Permission denied): it must be readable by whoever runs verlbox" in str(error.value)
 
 
 def test_null_removes_an_inherited_component(tmp_path: Path) -> None:

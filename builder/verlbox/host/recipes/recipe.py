@@ -112,12 +112,15 @@ class RecipeHead(Strict):
             return False
         try:
             shipped = load_recipe(self.name)
-            if shipped.content_hash != self.content_hash:
-                return False
-            shipped_lock = _bytes(shipped.lock_path)
-        except RecipeError:  # a broken shipped recipe or lock is no reason to refuse the user's own
+        except RecipeError:  # a broken shipped recipe is no reason to refuse the user's own
             return False
-        return shipped_lock == _bytes(self.lock_path)
+        if shipped.content_hash != self.content_hash:
+            return False
+        own_lock = _bytes(self.lock_path)  # read first: when this is the shipped recipe, its lock is its own error
+        try:
+            return _bytes(shipped.lock_path) == own_lock
+        except RecipeError:  # nor is a shipped lock that cannot be read
+            return False
 
     @property
     def lock_path(self) -> Path | None:
