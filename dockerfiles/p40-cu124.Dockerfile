@@ -24,8 +24,7 @@ RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
     --mount=type=secret,id=apt_mirror,required=false \
     --mount=type=bind,source=verlbox-build/lock/python.pip.txt,target=/tmp/verlbox/lock/python.pip.txt \
     --mount=type=bind,source=verlbox-build/lock/python.pip.json,target=/tmp/verlbox/lock/python.pip.json \
-    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    --mount=type=cache,id=verlbox-locked-files,target=/root/.cache/verlbox/locked-files,sharing=locked \
     python3 -m venv /opt/venv && bash /tmp/verlbox/steps/steps.sh pip python pip==25.1.1 uv==0.9.5
 # PyTorch 2.6.0: the largest layer, kept early
 RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
@@ -34,8 +33,7 @@ RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
     --mount=type=secret,id=apt_mirror,required=false \
     --mount=type=bind,source=verlbox-build/lock/torch.pip.txt,target=/tmp/verlbox/lock/torch.pip.txt \
     --mount=type=bind,source=verlbox-build/lock/torch.pip.json,target=/tmp/verlbox/lock/torch.pip.json \
-    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    --mount=type=cache,id=verlbox-locked-files,target=/root/.cache/verlbox/locked-files,sharing=locked \
     bash /tmp/verlbox/steps/steps.sh pip torch torch==2.6.0 torchvision==0.21.0 torchaudio==2.6.0
 
 FROM system AS apex-build
@@ -61,8 +59,7 @@ RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
     --mount=type=secret,id=apt_mirror,required=false \
     --mount=type=bind,source=verlbox-build/lock/apex-build-tools.pip.txt,target=/tmp/verlbox/lock/apex-build-tools.pip.txt \
     --mount=type=bind,source=verlbox-build/lock/apex-build-tools.pip.json,target=/tmp/verlbox/lock/apex-build-tools.pip.json \
-    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    --mount=type=cache,id=verlbox-locked-files,target=/root/.cache/verlbox/locked-files,sharing=locked \
     bash /tmp/verlbox/steps/steps.sh pip apex-build-tools packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4
 RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \
     python3 /tmp/verlbox-apex/apex_build.py /tmp/verlbox-apex/plan.json /tmp/verlbox-apex/apex-e13873debc4699d39c6861074b9a3b2a02327f92.tar.gz /wheels \
@@ -80,8 +77,7 @@ RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
     --mount=type=bind,source=verlbox-build/lock/verl.pip.json,target=/tmp/verlbox/lock/verl.pip.json \
     --mount=type=bind,source=verlbox-build/lock/verl-deps.pip.txt,target=/tmp/verlbox/lock/verl-deps.pip.txt \
     --mount=type=bind,source=verlbox-build/lock/verl-deps.pip.json,target=/tmp/verlbox/lock/verl-deps.pip.json \
-    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    --mount=type=cache,id=verlbox-locked-files,target=/root/.cache/verlbox/locked-files,sharing=locked \
     bash /tmp/verlbox/steps/steps.sh pip verl --no-deps verl==0.4.1 \
     && bash /tmp/verlbox/steps/steps.sh pip verl-deps \
        accelerate==1.7.0 \
@@ -118,8 +114,7 @@ RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
     --mount=type=secret,id=apt_mirror,required=false \
     --mount=type=bind,source=verlbox-build/lock/runtime.pip.txt,target=/tmp/verlbox/lock/runtime.pip.txt \
     --mount=type=bind,source=verlbox-build/lock/runtime.pip.json,target=/tmp/verlbox/lock/runtime.pip.json \
-    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    --mount=type=cache,id=verlbox-locked-files,target=/root/.cache/verlbox/locked-files,sharing=locked \
     bash /tmp/verlbox/steps/steps.sh pip runtime pydantic==2.11.7 PyYAML==6.0.2 rich==14.0.0
 COPY image-spec.json /opt/verlbox/image-spec.json
 RUN --mount=type=bind,source=verlbox-src,target=/tmp/verlbox-src,rw \
@@ -178,8 +173,7 @@ RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
     --mount=type=secret,id=ca_bundle,required=false \
     --mount=type=secret,id=pip_index_url,required=false \
     --mount=type=secret,id=apt_mirror,required=false \
-    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    --mount=type=cache,id=verlbox-locked-files,target=/root/.cache/verlbox/locked-files,sharing=locked \
     --mount=type=bind,source=verlbox-build/bundle,target=/tmp/verlbox/bundle \
     bash /tmp/verlbox/steps/steps.sh bundle-wheels /bundle/wheels
 

@@ -148,13 +148,15 @@ def test_a_locked_step_installs_its_slice_by_hash_and_records_the_slice(
     monkeypatch.setattr(build_steps, "run", lambda command, env=None, cwd=None: commands.append((command, env or {})))
     compiled: list[tuple[list[str], int]] = []
     monkeypatch.setattr(build_steps, "compile_bytecode", lambda names, epoch: compiled.append((names, epoch)))
+    installed: list[list[str]] = []
+    monkeypatch.setattr(build_steps, "record_installed", lambda step, names, env, records: installed.append(names))
     build_steps.install_python(
         "six", ["six"], {"SOURCE_DATE_EPOCH": "1700000000"}, offline=True, tools=tools, records=records
     )
     ((command, env),) = commands
     assert command[:6] == ["uv", "pip", "install", "--no-deps", "--require-hashes", "--no-build"]
     assert "six" not in command
-    assert env["UV_LINK_MODE"] == "copy" and compiled == [(["six"], 1700000000)]
+    assert env["UV_LINK_MODE"] == "copy" and compiled == [(["six"], 1700000000)] and installed == [["six"]]
     assert json.loads((records / "six.pip.json").read_text()) == entries
     with pytest.raises(StepError, match="the lock has no Python files for step other"):
         build_steps.install_python("other", ["x"], {}, offline=True, tools=tools, records=records)

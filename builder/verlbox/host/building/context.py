@@ -65,8 +65,9 @@ def _write_bundle_slices(plan: BuildPlan, directory: Path) -> None:
     for kind in ("pip", "apt"):
         (directory / kind).mkdir(parents=True)
     for step in plan.lock.steps:
-        if text := plan.lock.slice(step.name, "pip"):
-            (directory / "pip" / f"{step.name}.txt").write_text(text)
+        if step.pip:  # fetched by name and sha256, so the entries themselves
+            record = [entry.model_dump(exclude_none=True) for entry in step.pip]
+            (directory / "pip" / f"{step.name}.json").write_text(json.dumps(record, indent=1) + "\n")
         if step.stage == "final" and (text := plan.lock.slice(step.name, "apt")):
             (directory / "apt" / f"{step.name}.txt").write_text(text)
 

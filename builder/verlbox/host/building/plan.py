@@ -122,6 +122,11 @@ class BuildPlan:
         """
         return self.lock.slice(step, kind, by_version=self.offline) if self.lock else None
 
+    def locked_steps(self, step: str | list[str] | None, kind: str | None) -> list[str]:
+        """Of the step (or the steps one RUN installs), those the lock has a KIND slice for."""
+        names = [] if step is None or kind is None else [step] if isinstance(step, str) else step
+        return [name for name in names if kind and self.lock_slice(name, kind)]
+
     @property
     def source_date_epoch(self) -> int | None:
         return self.lock.source_date_epoch if self.offline and self.lock else None

@@ -9,6 +9,8 @@ index or mirror URL (an index URL may carry a token); only a URL the recipe itse
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata as metadata
 import json
 import re
 import sys
@@ -73,6 +75,30 @@ def read_records(directory: Path = RECORD_DIR) -> dict[str, dict[str, list[dict]
 def write_record(step: str, kind: str, entries: list[dict], directory: Path = RECORD_DIR) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / f"{step}.{kind}.json").write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
+
+
+def installed_entry(name: str, path: list[str] | None = None) -> dict:
+    """What is installed of distribution NAME (in PATH, else this interpreter's): its version and the sha256 of
+    its RECORD (which lists the hash of every file it installed), read after the step wrote the bytecode."""
+    where = {} if path is None else {"path": path}
+    distribution = next(iter(metadata.distributions(name=name, **where)), None)
+    if distribution is None:
+        raise LookupError(f"{name} was installed, but is not found in {path or 'sys.path'}")
+    record = Path(distribution._path) / "RECORD"  # type: ignore[attr-defined]  # its dist-info folder
+    return {
+        "name": _canonical(distribution.metadata["Name"]),
+        "version": distribution.version,
+        "record": hashlib.sha256(record.read_bytes()).hexdigest(),
+    }
+
+
+def write_installed(step: str, names: list[str], path: list[str] | None, directory: Path = RECORD_DIR) -> None:
+    """DIRECTORY/installed/STEP.json: what the step installed, as installed (the lock says what was asked for;
+    this is what `verify` holds the image's files to)."""
+    folder = directory / "installed"
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = sorted((installed_entry(name, path) for name in names), key=lambda entry: entry["name"])
+    (folder / f"{step}.json").write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
 
 
 def main(argv: list[str]) -> int:

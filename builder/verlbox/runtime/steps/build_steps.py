@@ -24,14 +24,19 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urljoin, urlsplit
 
 try:  # in a build step, build_record.py and urls.py are mounted beside this file; verlbox is not installed yet
     import build_record  # type: ignore[import-not-found]
@@ -41,6 +46,9 @@ except ImportError:
 
 SECRETS = Path("/run/secrets")
 TOOLS = Path("/tmp/verlbox")
+# the files locked steps install, by sha256, kept between builds (a BuildKit cache mount): every file is hashed
+# again each time it is used, so what another build wrote there is used only if it is the lock's bytes
+LOCKED_FILES = Path("/root/.cache/verlbox/locked-files")
 DEBIAN_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 # where a glue-installed python3 left the step's "before" list (steps.sh): the step's record starts there
 BOOTSTRAP_BEFORE = Path("/tmp/verlbox-dpkg-before")
@@ -73,10 +81,37 @@ class Secrets:
 
 
 def run(command: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
-    """COMMAND's output goes to the build log (it says what went wrong); a failure stops the step."""
-    returncode = subprocess.run(command, env=env, cwd=cwd, check=False).returncode
+    """COMMAND's output goes to the build log (it says what went wrong), with the secret parts of the index
+    URLs in ENV replaced by *** (pip prints an index's query, where a token may ride); a failure stops the step."""
+    hidden = secret_parts(env or {})
+    if not hidden:
+        returncode = subprocess.run(command, env=env, cwd=cwd, check=False).returncode
+    else:
+        with subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as child:
+            assert child.stdout is not None
+            for line in child.stdout:
+                for secret in hidden:
+                    line = line.replace(secret, b"***")
+                sys.stdout.buffer.write(line)
+                sys.stdout.flush()
+        returncode = child.returncode
     if returncode != 0:
         raise StepError(f"{Path(command[0]).name} failed (exit {returncode})")
+
+
+INDEX_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL")
+
+
+def secret_parts(env: dict[str, str]) -> list[bytes]:
+    """What no log may show of the index URLs in ENV: each one's credentials (as given and decoded) and its
+    query and fragment. Longest first, so that a part of another is never replaced before it."""
+    parts: set[str] = set()
+    for url in (url for name in INDEX_VARIABLES for url in env.get(name, "").split()):
+        bare, userinfo = urls.split_userinfo(url)
+        if userinfo:
+            parts |= {userinfo, *urls.login(userinfo)[1:]}
+        parts |= {piece for piece in re.split(r"[?#]", bare)[1:] if piece}
+    return sorted((part.encode() for part in parts if part), key=len, reverse=True)
 
 
 # ---- Python packages ----------------------------------------------------------------------------------
@@ -91,12 +126,7 @@ def pip_environment(
     if secrets.ca_bundle:
         env |= {name: str(secrets.ca_bundle) for name in ("PIP_CERT", "SSL_CERT_FILE", "GIT_SSL_CAINFO")}
     if offline:
-        for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL"):
-            env.pop(name, None)
-        wheels = str(TOOLS / "wheels")
-        env |= {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": wheels, "PIP_NO_CACHE_DIR": "1"}
-        env |= {"UV_OFFLINE": "1", "UV_NO_INDEX": "1", "UV_FIND_LINKS": wheels, "UV_NO_CACHE": "1"}
-        return env
+        return from_folder(env, TOOLS / "wheels")
     # without the build's own, uv follows an index the image's environment gives pip (a base's ENV)
     primary = secrets.torch_index_url if index == "torch" else secrets.pip_index_url or base.get("PIP_INDEX_URL")
     extra = secrets.torch_index_url if extra_index == "torch" else base.get("PIP_EXTRA_INDEX_URL")
@@ -124,13 +154,20 @@ def install_python(
     requirements, record = tools / "lock" / f"{step}.pip.txt", tools / "lock" / f"{step}.pip.json"
     if requirements.is_file():
         entries = json.loads(record.read_text())
-        wheels, sdists = locked_slices(step, entries, requirements.read_text().splitlines())
-        for part, sources in ((wheels, False), (sdists, True)):
-            if part:
-                install_locked(part, env, sources=sources)
+        # each file by name and version from a folder of the lock's bytes: offline the bundle's, online the
+        # files fetched by their sha256 (a file the lock names by URL is fetched from it)
+        lines = build_record.requirement_lines([{k: v for k, v in entry.items() if k != "url"} for entry in entries])
+        wheels, sdists = locked_slices(step, entries, lines)
+        with tempfile.TemporaryDirectory(prefix="verlbox-locked-") as scratch:
+            if not offline:
+                env = from_folder(env, link_files(fetch_locked(entries, LOCKED_FILES, env), Path(scratch)))
+            for part, sources in ((wheels, False), (sdists, True)):
+                if part:
+                    install_locked(part, env, sources=sources)
         if shutil.which("uv"):
             compile_bytecode([entry["name"] for entry in entries], int(env.get("SOURCE_DATE_EPOCH") or 0))
         build_record.write_record(step, "pip", entries, records)
+        record_installed(step, [entry["name"] for entry in entries], env, records)
     elif offline:
         raise StepError(f"the lock has no Python files for step {step}: an offline build installs only the lock")
     else:
@@ -138,7 +175,19 @@ def install_python(
         with tempfile.TemporaryDirectory() as scratch:
             report = Path(scratch) / "report.json"
             run([sys.executable, "-m", "pip", "install", *options, "--report", str(report), *arguments], env=env)
-            build_record.write_record(step, "pip", build_record.pip_record(json.loads(report.read_text())), records)
+            entries = build_record.pip_record(json.loads(report.read_text()))
+            build_record.write_record(step, "pip", entries, records)
+            record_installed(step, [entry["name"] for entry in entries], env, records)
+
+
+def record_installed(step: str, names: list[str], env: dict[str, str], records: Path) -> None:
+    """The step's distributions as installed in the environment pip and uv installed into (ENV's venv)."""
+    venv = env.get("VIRTUAL_ENV")
+    where = sorted(str(path) for path in Path(venv).glob("lib/python*/site-packages")) if venv else None
+    try:
+        build_record.write_installed(step, names, where, records)
+    except LookupError as error:
+        raise StepError(str(error)) from None
 
 
 def locked_slices(step: str, entries: list[dict], lines: list[str]) -> tuple[list[str], list[str]]:
@@ -170,6 +219,154 @@ def install_locked(lines: list[str], env: dict[str, str], *, sources: bool) -> N
         else:
             command = [sys.executable, "-m", "pip", "install", "--no-deps", "--require-hashes"]
             run([*command, *(build or ["--only-binary", ":all:"]), "-r", str(requirements)], env=env)
+
+
+def from_folder(env: dict[str, str], folder: Path) -> dict[str, str]:
+    """ENV for pip and uv installing only from FOLDER's files: no index, and no cache (what a cache holds was
+    written by whatever ran before, and uv trusts an unpacked entry by the hash it recorded for it)."""
+    env = {name: value for name, value in env.items() if name not in INDEX_VARIABLES}
+    env |= {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(folder), "PIP_NO_CACHE_DIR": "1"}
+    return env | {"UV_OFFLINE": "1", "UV_NO_INDEX": "1", "UV_FIND_LINKS": str(folder), "UV_NO_CACHE": "1"}
+
+
+class _Links(HTMLParser):
+    """The links of a PEP 503 project page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href")
+        if tag == "a" and href:
+            self.hrefs.append(href)
+
+
+def default_index() -> str:
+    """The index this image's pip uses when the build names none: its configuration's, else pip's default."""
+    try:
+        from pip._internal.configuration import Configuration
+        from pip._internal.models.index import PyPI
+    except ImportError:
+        raise StepError("no index URL for the lock's files, and no pip here to tell its default") from None
+    configuration = Configuration(isolated=False)
+    configuration.load()
+    return dict(configuration.items()).get("global.index-url") or PyPI.simple_url
+
+
+class Fetcher:
+    """GETs for the lock's files: the build's CA, a login only to the host its URL names (never to a host a
+    page links to, nor after a redirect), the environment's proxy."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        cafile = env.get("PIP_CERT") or env.get("SSL_CERT_FILE")
+        self.opener = urllib.request.build_opener(
+            urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=cafile))
+        )
+        primary = env.get("PIP_INDEX_URL") or default_index()
+        self.indexes = [primary, *env.get("PIP_EXTRA_INDEX_URL", "").split()]
+        self.logins = {}
+        for index in self.indexes:
+            bare, userinfo = urls.split_userinfo(index)
+            if userinfo:
+                self.logins[urlsplit(bare).netloc] = base64.b64encode(":".join(urls.login(userinfo)).encode()).decode()
+        self.pages: dict[str, list[str]] = {}
+
+    def open(self, url: str) -> Any:  # urllib's response (its class differs by scheme)
+        bare = urls.split_userinfo(url)[0]
+        if bare.startswith("file:") and Path(unquote(urlsplit(bare).path)).is_dir():
+            bare = bare.rstrip("/") + "/index.html"
+        request = urllib.request.Request(bare, headers={"Accept": "text/html", "User-Agent": "verlbox-build-steps"})
+        if login := self.logins.get(urlsplit(bare).netloc):
+            request.add_unredirected_header("Authorization", f"Basic {login}")
+        try:
+            return self.opener.open(request, timeout=120)
+        except (OSError, ValueError) as error:  # urllib's errors are OSErrors; the URL is shown without secrets
+            raise StepError(f"{urls.redact(url)}: {getattr(error, 'reason', None) or error}") from None
+
+    def links(self, index: str, name: str) -> list[str]:
+        """The absolute URLs project NAME's page on INDEX links to (none where the index has no such page)."""
+        page = f"{index.rstrip('/')}/{re.sub(r'[-_.]+', '-', name).lower()}/"
+        if page not in self.pages:
+            try:
+                with self.open(page) as answer:
+                    parser = _Links()
+                    parser.feed(answer.read().decode("utf-8", "replace"))
+                    base = urls.split_userinfo(answer.geturl())[0]
+                    self.pages[page] = [urljoin(base, href) for href in parser.hrefs]
+            except StepError:
+                self.pages[page] = []
+        return self.pages[page]
+
+    def where(self, entry: dict) -> str:
+        """The URL of ENTRY's file: the lock's own, else the first index page that links to a file of that name."""
+        if "url" in entry:
+            return entry["url"]
+        for index in self.indexes:
+            for link in self.links(index, entry["name"]):
+                if unquote(urlsplit(link).path.rsplit("/", 1)[-1]) == entry["file"]:
+                    return link
+        raise StepError(
+            f"{entry['file']}: no index of this build lists it (the lock's {entry['name']} {entry['version']})"
+        )
+
+    def download(self, entry: dict, target: Path) -> None:
+        """ENTRY's file into TARGET, only if its bytes are the lock's sha256."""
+        partial = target.with_name(target.name + ".part")
+        digest = hashlib.sha256()
+        with self.open(self.where(entry)) as answer, partial.open("wb") as out:
+            while chunk := answer.read(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+        if digest.hexdigest() != entry["sha256"]:
+            partial.unlink()
+            raise StepError(
+                f"{entry['file']}: served with sha256 {digest.hexdigest()}, the lock's is {entry['sha256']}"
+            )
+        partial.replace(target)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as data:
+        while chunk := data.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_locked(entries: list[dict], folder: Path, env: dict[str, str]) -> list[Path]:
+    """Each locked file in FOLDER/SHA256/FILE: one already there is kept only if it hashes to the lock's sha256
+    (else fetched again), a missing one is fetched from the build's indexes by its name, checked the same way.
+    Nothing is built or run: an sdist is only a file here."""
+    fetcher = Fetcher(env) if entries else None
+
+    def one(entry: dict) -> tuple[Path, bool]:
+        target = folder / entry["sha256"] / entry["file"]
+        if target.is_file() and file_sha256(target) == entry["sha256"]:
+            return target, False
+        if target.parent.exists():
+            shutil.rmtree(target.parent)
+        target.parent.mkdir(parents=True)
+        assert fetcher is not None
+        fetcher.download(entry, target)
+        return target, True
+
+    unique = list({entry["sha256"]: entry for entry in entries}.values())  # a file two steps install
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        done = list(pool.map(one, unique))
+    fetched = sum(new for _, new in done)
+    size = sum(path.stat().st_size for path, _ in done) / 2**20
+    print(
+        f"verlbox: {len(done)} locked files ({size:.0f} MiB) by sha256: {fetched} fetched, {len(done) - fetched} kept"
+    )
+    return [path for path, _ in done]
+
+
+def link_files(files: list[Path], folder: Path) -> Path:
+    """FOLDER holding links to exactly FILES (an installer's find-links sees this step's files and no other)."""
+    for path in files:
+        (folder / path.name).symlink_to(path)
+    return folder
 
 
 def pip_with_report(arguments: list[str], env: dict[str, str]) -> list[str]:
@@ -431,13 +628,17 @@ def fetch_toolkit(suite: str, components: list[str], packages: list[str], secret
 # ---- `verlbox bundle` -----------------------------------------------------------------------------------
 
 
-def bundle_wheels(dest: Path, secrets: Secrets, tools: Path = TOOLS) -> None:
-    """Every step's Python files into DEST, each checked by pip against the lock's sha256."""
+def bundle_wheels(dest: Path, secrets: Secrets, tools: Path = TOOLS, cache: Path = LOCKED_FILES) -> None:
+    """Every step's Python files into DEST by name and sha256 (through the verified cache the locked steps
+    fill): no installer runs, so no build backend an index serves can (pip download prepares an sdist's
+    metadata by building it)."""
     dest.mkdir(parents=True, exist_ok=True)
     env = pip_environment(secrets, offline=False, index=None, extra_index="torch", base=dict(os.environ))
-    for requirements in sorted((tools / "bundle" / "pip").glob("*.txt")):
-        download = ["download", "--no-deps", "--require-hashes", "--dest", str(dest), "-r", str(requirements)]
-        run([sys.executable, "-m", "pip", *download], env=env)
+    entries = [
+        entry for path in sorted((tools / "bundle" / "pip").glob("*.json")) for entry in json.loads(path.read_text())
+    ]
+    for path in fetch_locked(entries, cache, env):
+        shutil.copyfile(path, dest / path.name)
 
 
 def bundle_debs(dest: Path, indexes: Path, secrets: Secrets, tools: Path = TOOLS) -> None:

@@ -1,0 +1,249 @@
+"""Locked files by name and sha256, with no installer and no shared cache in between (issue 46, findings 1, 3
+and the query token of 6): a hostile index, a poisoned uv cache and a poisoned file cache, against the real
+build_steps functions, the real uv and pip, and stand-in indexes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from standins import serve_files
+from verlbox.runtime.steps import build_record, build_steps
+from verlbox.runtime.steps.build_steps import Secrets, StepError
+
+
+def _digest(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    info = f"{name}-{version}.dist-info"
+    files = files | {
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: verlbox-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = [f"{path},sha256={_digest(text.encode())},{len(text.encode())}" for path, text in files.items()]
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, text in files.items():
+            archive.writestr(member, text)
+    return path
+
+
+def _legacy_sdist(folder: Path, marker: Path) -> Path:
+    """An sdist with only a setup.py (as antlr4-python3-runtime 4.9.3 and pylatexenc 2.10 are): preparing its
+    metadata runs setup.py under whatever setuptools the installer finds, which writes MARKER."""
+    files = {
+        "setup.py": f"import pathlib\npathlib.Path({str(marker)!r}).write_text('setup.py ran')\n"
+        "from setuptools import setup\nsetup(name='tinysdist', version='1.0')\n",
+        "PKG-INFO": "Metadata-Version: 2.1\nName: tinysdist\nVersion: 1.0\n",
+    }
+    path = folder / "tinysdist-1.0.tar.gz"
+    with tarfile.open(path, "w:gz") as archive:
+        for name, text in files.items():
+            info = tarfile.TarInfo(f"tinysdist-1.0/{name}")
+            info.size = len(text.encode())
+            archive.addfile(info, io.BytesIO(text.encode()))
+    return path
+
+
+def _index(files: list[Path], served: dict[str, bytes] | None = None) -> dict[str, bytes]:
+    """A PEP 503 index of FILES (SERVED replaces a file's bytes, as a hostile index would)."""
+    pages: dict[str, list[str]] = {}
+    for path in files:
+        pages.setdefault(path.name.split("-")[0], []).append(path.name)
+    index = {f"/files/{path.name}": (served or {}).get(path.name, path.read_bytes()) for path in files}
+    for name, names in pages.items():
+        links = "".join(f'<a href="../../files/{file}">{file}</a>' for file in names)  # relative, as many are
+        index[f"/simple/{name}/"] = f"<html><body>{links}</body></html>".encode()
+    return index
+
+
+def _entry(path: Path) -> dict[str, str]:
+    name, version = path.name.split("-")[:2]
+    version = version.removesuffix(".tar.gz")
+    return {
+        "name": name,
+        "version": version,
+        "file": path.name,
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
+
+
+@pytest.fixture
+def hostile(tmp_path: Path) -> tuple[Path, Path, list[Path]]:
+    """(marker, the folder of files, the lock's files): beside them the index serves a setuptools-99 whose .pth
+    writes MARKER in any interpreter that starts where it is installed."""
+    marker, files = tmp_path / "hostile-code-ran", tmp_path / "files"
+    files.mkdir()
+    pth = f"import pathlib; pathlib.Path({str(marker)!r}).write_text('setuptools-99 ran')\n"
+    _wheel(files, "setuptools", "99.0.0", {"setuptools/__init__.py": "", "zz_hostile.pth": pth})
+    locked = [_wheel(files, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = True\n"}), _legacy_sdist(files, marker)]
+    return marker, files, locked
+
+
+def test_bundle_gets_each_locked_file_by_hash_and_runs_no_build_backend(
+    tmp_path: Path, hostile: tuple[Path, Path, list[Path]]
+) -> None:
+    """Finding 1: `pip download` prepared the sdist's metadata in an isolated build whose setuptools came from
+    the index, unhashed, and ran it. The bundle's files now come by name and sha256, nothing is built."""
+    marker, files, locked = hostile
+    tools, dest, cache = tmp_path / "tools", tmp_path / "bundle", tmp_path / "cache"
+    (tools / "bundle" / "pip").mkdir(parents=True)
+    (tools / "bundle" / "pip" / "deps.json").write_text(json.dumps([_entry(path) for path in locked]))
+    with serve_files(_index(list(files.iterdir()))) as url:
+        build_steps.bundle_wheels(dest, Secrets(pip_index_url=f"{url}/simple/"), tools, cache)
+    assert sorted(path.name for path in dest.iterdir()) == sorted(path.name for path in locked)
+    assert all((dest / path.name).read_bytes() == path.read_bytes() for path in locked)
+    assert not marker.exists(), "a build backend ran while bundling"
+
+
+def test_bytes_other_than_the_lock_s_are_refused_in_one_line_and_nothing_is_kept(
+    tmp_path: Path, hostile: tuple[Path, Path, list[Path]]
+) -> None:
+    _, files, locked = hostile
+    entries = [_entry(path) for path in locked]
+    served = {locked[0].name: b"PK not the locked wheel"}
+    cache = tmp_path / "cache"
+    with serve_files(_index(list(files.iterdir()), served)) as url, pytest.raises(StepError) as refused:
+        build_steps.fetch_locked(entries, cache, {"PIP_INDEX_URL": f"{url}/simple/"})
+    assert str(refused.value).startswith(f"{locked[0].name}: served with sha256 ")
+    assert entries[0]["sha256"] in str(refused.value)
+    assert not any(path.is_file() and path.name.startswith("tinywheel") for path in cache.rglob("*"))
+
+
+def _venv(folder: Path) -> Path:
+    venv.create(folder, with_pip=False)
+    return folder
+
+
+def _locked_step(tools: Path, step: str, entries: list[dict[str, str]]) -> None:
+    (tools / "lock").mkdir(parents=True, exist_ok=True)
+    lines = build_record.requirement_lines(entries)
+    (tools / "lock" / f"{step}.pip.txt").write_text("\n".join(lines) + "\n")
+    (tools / "lock" / f"{step}.pip.json").write_text(json.dumps(entries))
+
+
+def _python(target: Path, code: str) -> str:
+    return subprocess.run(
+        [str(target / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_a_poisoned_uv_cache_never_reaches_a_locked_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 3: uv accepts an unpacked cache entry by the hash it recorded and installs its files without
+    hashing them again. An entry edited in the cache (a changed module, an added .pth), as anything that ran in
+    an earlier RUN with that cache mounted could do, must not reach a locked step: it installs the lock's bytes,
+    and the build record says what was installed."""
+    marker, wheels, tools, records = tmp_path / "pth-ran", tmp_path / "wheels", tmp_path / "tools", tmp_path / "rec"
+    wheels.mkdir()
+    wheel = _wheel(wheels, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = 'locked'\n"})
+    uv_cache = tmp_path / "uv-cache"
+    with serve_files(_index([wheel])) as url:
+        index = f"{url}/simple/"
+        first = {
+            "PATH": os.environ["PATH"],
+            "VIRTUAL_ENV": str(_venv(tmp_path / "first")),
+            "UV_CACHE_DIR": str(uv_cache),
+        }
+        # an earlier locked install (by hash, as a locked step ran it before) is what fills uv's cache
+        entries = [_entry(wheel)]
+        _locked_step(tools, "deps", entries)
+        locked = ["uv", "pip", "install", "--no-deps", "--require-hashes", "--index-url", index]
+        subprocess.run(
+            [*locked, "-r", str(tools / "lock" / "deps.pip.txt")], env=first, check=True, capture_output=True
+        )
+        modules = list(uv_cache.rglob("tinywheel.py"))
+        assert modules, "uv kept no unpacked entry to poison"
+        for module in modules:
+            module.write_text("WHEEL = 'poisoned'\n")
+            (module.parent / "zz_poison.pth").write_text(
+                f"import pathlib; pathlib.Path({str(marker)!r}).write_text('x')\n"
+            )
+        target = _venv(tmp_path / "target")
+        base = {"PATH": os.environ["PATH"], "VIRTUAL_ENV": str(target), "UV_CACHE_DIR": str(uv_cache)}
+        env = build_steps.pip_environment(
+            Secrets(pip_index_url=index), offline=False, index=None, extra_index=None, base=base
+        )
+        monkeypatch.setattr(build_steps, "LOCKED_FILES", tmp_path / "locked-files")
+        monkeypatch.setattr(build_steps, "compile_bytecode", lambda names, epoch: None)  # the image's interpreter
+        build_steps.install_python("deps", [], env, offline=False, tools=tools, records=records)
+    assert _python(target, "import tinywheel; print(tinywheel.WHEEL)") == "locked"
+    assert not marker.exists() and not list(target.rglob("zz_poison.pth"))
+    (installed,) = json.loads((records / "installed" / "deps.json").read_text())
+    (record,) = target.rglob("tinywheel-1.0.dist-info/RECORD")
+    assert installed == {
+        "name": "tinywheel",
+        "version": "1.0",
+        "record": hashlib.sha256(record.read_bytes()).hexdigest(),
+    }
+
+
+def test_a_poisoned_file_cache_entry_is_fetched_again_by_its_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The locked steps' own file cache is shared by every build on the builder too: an entry whose bytes are not
+    the lock's is replaced by the index's (checked by the same sha256), never installed."""
+    wheels, tools = tmp_path / "wheels", tmp_path / "tools"
+    wheels.mkdir()
+    wheel = _wheel(wheels, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = 'locked'\n"})
+    entry = _entry(wheel)
+    cache = tmp_path / "locked-files"
+    poisoned = cache / entry["sha256"] / wheel.name
+    _wheel(tmp_path, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = 'poisoned'\n"}).rename(tmp_path / "p.whl")
+    poisoned.parent.mkdir(parents=True)
+    (tmp_path / "p.whl").rename(poisoned)
+    _locked_step(tools, "deps", [entry])
+    target = _venv(tmp_path / "target")
+    monkeypatch.setattr(build_steps, "LOCKED_FILES", cache)
+    monkeypatch.setattr(build_steps, "compile_bytecode", lambda names, epoch: None)
+    with serve_files(_index([wheel])) as url:
+        base = {"PATH": os.environ["PATH"], "VIRTUAL_ENV": str(target), "UV_CACHE_DIR": str(tmp_path / "uv")}
+        env = build_steps.pip_environment(
+            Secrets(pip_index_url=f"{url}/simple/"), offline=False, index=None, extra_index=None, base=base
+        )
+        build_steps.install_python("deps", [], env, offline=False, tools=tools, records=tmp_path / "records")
+    assert _python(target, "import tinywheel; print(tinywheel.WHEEL)") == "locked"
+    assert poisoned.read_bytes() == wheel.read_bytes()
+
+
+def test_a_token_in_an_index_query_or_login_is_never_printed(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Finding 6: pip prints `Looking in indexes: URL` with the URL's query (where a token may ride); every tool a
+    build step runs has its output passed through with the index URLs' secret parts replaced."""
+    wheel = _wheel(tmp_path, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = True\n"})
+    with serve_files(_index([wheel])) as url:
+        index = f"{url.replace('://', '://ci:pass%2Fword@')}/simple/?token=qu3ry-T0KEN"
+        env = {"PATH": os.environ["PATH"], "PIP_INDEX_URL": index, "PIP_NO_CACHE_DIR": "1"}
+        command = [os.path.realpath(os.sys.executable), "-m", "pip", "download", "--no-deps", "-d", str(tmp_path / "d")]
+        with pytest.raises(StepError):  # the stand-in index does not take the login: what is printed is the point
+            build_steps.run([*command, "tinywheel==1.0"], env=env)
+    printed = capfd.readouterr()
+    output = printed.out + printed.err
+    assert "Looking in indexes:" in output and "***" in output
+    for secret in ("qu3ry-T0KEN", "pass%2Fword", "pass/word"):
+        assert secret not in output
+
+
+def test_the_build_record_says_what_is_installed_not_what_was_asked(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    info = site / "tinywheel-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: TinyWheel\nVersion: 1.0\n")
+    (info / "RECORD").write_text("tinywheel.py,sha256=abc,3\n")
+    build_record.write_installed("deps", ["tinywheel"], [str(site)], tmp_path / "records")
+    digest = hashlib.sha256(b"tinywheel.py,sha256=abc,3\n").hexdigest()
+    written = json.loads((tmp_path / "records" / "installed" / "deps.json").read_text())
+    assert written == [{"name": "tinywheel", "version": "1.0", "record": digest}]
+    with pytest.raises(LookupError, match=r"^absent was installed, but is not found in "):
+        build_record.write_installed("deps", ["absent"], [str(site)], tmp_path / "records")
