@@ -675,29 +675,36 @@ def test_a_malformed_cluster_wait_is_named_before_waiting(value: str) -> None:
         train.resolve_topology(None, 2, [], environ, Console(file=io.StringIO()))
 
 
+@pytest.mark.parametrize(
+    ("written", "password"), [("s3cr3t-T0KEN", "s3cr3t-T0KEN"), ("s3cr3t%2FT0KEN", "s3cr3t/T0KEN")]
+)
 def test_a_mirror_token_reaches_neither_the_command_line_nor_the_base_nor_the_output(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: str, password: str
 ) -> None:
     """--bootstrap-base with a mirror that needs credentials: debootstrap (run by verlbox on the host) gets
-    the bare URL and wget the credentials from $HOME/.netrc; debootstrap writes the URL it got into the
-    base's sources.list, so no layer of any image carries the token. The boundary faked: the commands."""
+    the bare URL, the host's Debian keyring and --force-check-gpg, and wget the credentials from
+    $HOME/.netrc; debootstrap writes the URL it got into the base's sources.list, so no layer of any image
+    carries the token, and what it says (shown: its warnings) holds no password, as written or decoded.
+    A password's '/' is written %2F; a raw one is refused. The boundary faked: the commands."""
     from rich.console import Console
 
     from verlbox.host.building import bootstrap
     from verlbox.host.recipes.recipe import Bootstrap
 
-    token = "s3cr3t-T0KEN"
     seen: list[tuple[list[str], str]] = []
     real_run = subprocess.run
+    keyring = tmp_path / "debian-archive-keyring.gpg"
+    keyring.write_bytes(b"a keyring")
 
     def run(step: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
         env = kwargs["env"]  # debootstrap's alone: the other steps keep the user's HOME
         netrc = Path(env["HOME"]) / ".netrc" if isinstance(env, dict) else None
         seen.append((step, netrc.read_text() if netrc and netrc.exists() else "-"))
-        if step[0] == "debootstrap":  # what debootstrap writes: the mirror it was given
-            (Path(step[3]) / "etc/apt").mkdir(parents=True)
-            (Path(step[3]) / "etc/apt/sources.list").write_text(f"deb {step[4]} bookworm main\n")
-        elif step[0] == "tar":
+        if step[0] == "debootstrap":  # what debootstrap writes: the mirror it was given; it echoes the login
+            (Path(step[-2]) / "etc/apt").mkdir(parents=True)
+            (Path(step[-2]) / "etc/apt/sources.list").write_text(f"deb {step[-1]} bookworm main\n")
+            return subprocess.CompletedProcess(step, 0, "", f"W: retrying ci:{written} (ci:{password})\n")
+        if step[0] == "tar":
             return real_run(step, check=True, capture_output=True, text=True)
         return subprocess.CompletedProcess(step, 0, "", "")
 
@@ -708,22 +715,30 @@ def test_a_mirror_token_reaches_neither_the_command_line_nor_the_base_nor_the_ou
     monkeypatch.setattr(bootstrap.subprocess, "run", run)
     monkeypatch.setattr(bootstrap, "image_exists", lambda engine, reference: False)
     monkeypatch.setattr(bootstrap, "load_canonical_base", load)
+    monkeypatch.setattr(bootstrap, "DEBIAN_KEYRING", keyring)
     monkeypatch.setattr(bootstrap.shutil, "which", lambda name: "/usr/sbin/" + name)
     monkeypatch.setattr(bootstrap.os, "geteuid", lambda: 0)
     output = io.StringIO()
-    mirror = f"https://ci:{token}@mirror.invalid/debian"
+    mirror = bootstrap.choose_mirror(f"https://ci:{written}@mirror.invalid/debian")
     bootstrap.ensure_bootstrapped_base(None, Bootstrap(suite="bookworm"), mirror, Console(file=output, width=400))
+    debootstrap = [step for step, _ in seen if step[0] == "debootstrap"]
+    assert len(debootstrap) == 1 and f"--keyring={keyring}" in debootstrap[0] and "--force-check-gpg" in debootstrap[0]
     commands = " ".join(" ".join(step) for step, _ in seen)
-    assert token not in commands and "https://mirror.invalid/debian" in commands
+    assert "T0KEN" not in commands and debootstrap[0][-1] == "https://mirror.invalid/debian"
     assert [netrc for step, netrc in seen if step[0] == "debootstrap"] == [
-        f"machine mirror.invalid login ci password {token}\n"
+        f"machine mirror.invalid login ci password {password}\n"
     ]
     assert {netrc for step, netrc in seen if step[0] != "debootstrap"} == {"-"}
-    assert token not in (tmp_path / "sources.list").read_text()
-    assert token not in output.getvalue() and "from https://mirror.invalid/debian" in output.getvalue()
-    with pytest.raises(UsageError) as refused:
-        bootstrap.choose_mirror(f"ftp://ci:{token}@mirror.invalid/debian?key={token}")
-    assert token not in str(refused.value)
+    assert "T0KEN" not in (tmp_path / "sources.list").read_text()
+    shown = output.getvalue()
+    assert "T0KEN" not in shown and "W: retrying ci:*** (ci:***)" in shown
+    assert "from https://mirror.invalid/debian" in shown
+    raw_slash = "https://ci:s3cr3t/T0KEN@mirror.invalid/debian"  # the host part would end at that '/'
+    spaced = "https://ci:s3cr3t%20T0KEN@mirror.invalid/debian"  # .netrc would read `T0KEN` as its next word
+    for refused in (f"ftp://ci:{written}@mirror.invalid/debian?key={written}", raw_slash, spaced):
+        with pytest.raises(UsageError) as error:
+            bootstrap.choose_mirror(refused)
+        assert "T0KEN" not in str(error.value) and "\n" not in str(error.value)
 
 
 def _wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
@@ -848,3 +863,137 @@ def test_a_locked_sdist_is_built_with_no_build_tool_from_the_folder_or_index(
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _faked_engine(monkeypatch: pytest.MonkeyPatch, loaded: list[str]) -> None:
+    """bootstrap's Docker engine: no image yet, and a load that only notes it was asked."""
+    from verlbox.host.building import bootstrap
+
+    monkeypatch.setattr(bootstrap, "image_exists", lambda engine, reference: False)
+    monkeypatch.setattr(bootstrap, "load_canonical_base", lambda layer, where, reference: loaded.append(reference))
+
+
+@pytest.mark.parametrize("keyring_bytes", [None, b""])
+def test_a_bootstrap_base_without_a_debian_keyring_is_refused_before_debootstrap_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keyring_bytes: bytes | None
+) -> None:
+    """Without the keyring, debootstrap only warns that it cannot check the Release file and installs what the
+    mirror serves: verlbox refuses first, in one line saying what to install."""
+    from rich.console import Console
+
+    from verlbox.errors import VerlboxError
+    from verlbox.host.building import bootstrap
+    from verlbox.host.recipes.recipe import Bootstrap
+
+    keyring = tmp_path / "debian-archive-keyring.gpg"
+    if keyring_bytes is not None:
+        keyring.write_bytes(keyring_bytes)
+    ran: list[list[str]] = []
+    loaded: list[str] = []
+    _faked_engine(monkeypatch, loaded)
+    monkeypatch.setattr(bootstrap, "DEBIAN_KEYRING", keyring)
+    monkeypatch.setattr(bootstrap.subprocess, "run", lambda step, **kwargs: ran.append(step))
+    monkeypatch.setattr(bootstrap.shutil, "which", lambda name: "/usr/sbin/" + name)
+    monkeypatch.setattr(bootstrap.os, "geteuid", lambda: 0)
+    mirror = "https://mirror.invalid/debian"
+    with pytest.raises(VerlboxError) as refused:
+        bootstrap.ensure_bootstrapped_base(None, Bootstrap(suite="bookworm"), mirror, Console())
+    message = str(refused.value)
+    assert "\n" not in message and str(keyring) in message and "apt-get install debian-archive-keyring" in message
+    assert ran == [] and loaded == []
+
+
+def test_a_real_debootstrap_refuses_an_unsigned_mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local mirror whose Release has no signature (no Release.gpg, no InRelease), given to the real
+    debootstrap. Its own default keyring is made one this host lacks (its scripts, copied, under
+    DEBOOTSTRAP_DIR), as on a host whose debootstrap names a keyring that is not there: on its own it would
+    then only warn and read the unsigned Release on. With the host's keyring and --force-check-gpg it stops
+    at the missing signature, before any package is fetched. Faked: only the Docker engine."""
+    from rich.console import Console
+
+    from verlbox.errors import VerlboxError
+    from verlbox.host.building import bootstrap
+    from verlbox.host.recipes.recipe import Bootstrap
+
+    scripts = Path("/usr/share/debootstrap")
+    if shutil.which("debootstrap") is None:
+        pytest.skip("needs debootstrap (apt-get install debootstrap)")
+    if os.geteuid() != 0:
+        pytest.skip("debootstrap needs root")
+    if not bootstrap.DEBIAN_KEYRING.is_file():
+        pytest.skip(f"needs the host's Debian archive keyring at {bootstrap.DEBIAN_KEYRING}")
+    if not (scripts / "scripts" / "bookworm").is_file():
+        pytest.skip(f"needs debootstrap's scripts in {scripts}")
+    own = tmp_path / "debootstrap"
+    shutil.copytree(scripts, own)  # links followed: scripts/bookworm is sid's
+    script = own / "scripts" / "bookworm"
+    script.write_text(
+        "\n".join(
+            f"keyring {tmp_path / 'absent.gpg'}" if line.startswith("keyring ") else line
+            for line in script.read_text().splitlines()
+        )
+        + "\n"
+    )
+    monkeypatch.setenv("DEBOOTSTRAP_DIR", str(own))
+    suite = tmp_path / "mirror" / "dists" / "bookworm"
+    suite.mkdir(parents=True)
+    (suite / "Release").write_text(
+        "Origin: Debian\nSuite: bookworm\nCodename: bookworm\nArchitectures: amd64 arm64\nComponents: main\n"
+    )
+    unpacked: list[list[str]] = []  # what the tree held once debootstrap stopped, besides its own log
+    real_run = subprocess.run
+
+    def run(step: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:  # the real one, watched
+        result = real_run(step, **kwargs)  # type: ignore[call-overload]
+        if step[0] == "debootstrap":
+            tree = Path(step[-2])
+            held = [path.name for path in tree.iterdir() if path.name not in ("debootstrap", "var")]
+            unpacked.append(held + [path.name for path in tree.glob("var/cache/apt/archives/*.deb")])
+        return result
+
+    loaded: list[str] = []
+    _faked_engine(monkeypatch, loaded)
+    monkeypatch.setattr(bootstrap.subprocess, "run", run)
+    mirror = bootstrap.choose_mirror((tmp_path / "mirror").as_uri())
+    with pytest.raises(VerlboxError) as refused:
+        bootstrap.ensure_bootstrapped_base(None, Bootstrap(suite="bookworm"), mirror, Console(file=io.StringIO()))
+    assert "Release.gpg" in str(refused.value), str(refused.value)  # debootstrap: failed getting the signature
+    assert unpacked == [[]] and loaded == []
+
+
+def test_debootstraps_warnings_are_shown_after_it_succeeds_without_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What debootstrap let pass (a W: line) is the user's to judge: shown, its other lines not, and the
+    password (as written, or decoded) never. The boundary faked: the commands."""
+    from rich.console import Console
+
+    from verlbox.host.building import bootstrap
+    from verlbox.host.recipes.recipe import Bootstrap
+
+    keyring = tmp_path / "debian-archive-keyring.gpg"
+    keyring.write_bytes(b"a keyring")
+    real_run = subprocess.run
+    said = "I: Retrieving Release\nW: [main] ci:p%2Fw@mirror.invalid ci:p/w skipped\nI: Base system installed\n"
+
+    def run(step: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        if step[0] == "debootstrap":
+            (Path(step[-2]) / "etc").mkdir(parents=True)
+            return subprocess.CompletedProcess(step, 0, "", said)
+        return real_run(step, check=True, capture_output=True, text=True)
+
+    loaded: list[str] = []
+    _faked_engine(monkeypatch, loaded)
+    monkeypatch.setattr(bootstrap, "DEBIAN_KEYRING", keyring)
+    monkeypatch.setattr(bootstrap.subprocess, "run", run)
+    monkeypatch.setattr(bootstrap.shutil, "which", lambda name: "/usr/sbin/" + name)
+    monkeypatch.setattr(bootstrap.os, "geteuid", lambda: 0)
+    output = io.StringIO()
+    mirror = "https://ci:p%2Fw@mirror.invalid/debian"
+    bootstrap.ensure_bootstrapped_base(None, Bootstrap(suite="bookworm"), mirror, Console(file=output, width=400))
+    lines = output.getvalue().splitlines()
+    assert lines == [
+        "debootstrap W: [main] ci:***@mirror.invalid ci:*** skipped",
+        "made base image verlbox-base/debian:bookworm-minbase with debootstrap from https://mirror.invalid/debian",
+    ]
+    assert loaded == ["verlbox-base/debian:bookworm-minbase"]

@@ -47,10 +47,13 @@ class Answer:
 
 def host_of(url: str) -> str:
     """The host[:port] of URL, without a login: what a line may name."""
-    parts = urlsplit(split_userinfo(url)[0])
+    try:
+        parts = urlsplit(split_userinfo(url)[0])
+    except ValueError:  # urls.py refuses it: its host part may hold a piece of the password
+        return "?"
     try:
         port = parts.port
-    except ValueError:  # not a number: the line still names the host
+    except ValueError:  # out of range (urls.py checks only that it is digits): the line still names the host
         port = None
     return f"{parts.hostname}:{port}" if port else parts.hostname or "?"
 
@@ -83,7 +86,10 @@ def opener(ca_bundle: Path | None = None) -> urllib.request.OpenerDirector:
 
 def request_for(url: str, method: str = "GET", headers: dict[str, str] | None = None) -> urllib.request.Request:
     """A request for URL; its credentials (urls.py's rule) go as Basic auth, which urllib would ignore."""
-    bare, userinfo = split_userinfo(url)
+    try:
+        bare, userinfo = split_userinfo(url)
+    except ValueError as error:  # its message names no part of the URL
+        raise UpstreamError(str(error)) from None
     if not re.match(r"https?://[^/\s]", bare):  # nothing of urllib's file:, ftp: or data: handlers
         raise UpstreamError(f"not an http(s) URL: {redact(url)!r}")
     headers = {"User-Agent": "verlbox", **(headers or {})}
@@ -100,12 +106,15 @@ class Http:
         self.timeout = timeout
         self._opener = opener(ca_bundle)
 
-    def request(self, url: str, *, method: str = "GET", headers: dict[str, str] | None = None) -> Answer:
-        """The answer, whatever its status; UpstreamError when there is none (refused, timed out, cut short)."""
+    def request(
+        self, url: str, *, method: str = "GET", headers: dict[str, str] | None = None, body: bool = True
+    ) -> Answer:
+        """The answer, whatever its status; UpstreamError when there is none (refused, timed out, cut short).
+        BODY False: its status and headers only (a server may ignore a Range and send a whole wheel)."""
         request = request_for(url, method, headers)
         try:
             with self._opener.open(request, timeout=self.timeout) as response:
-                return Answer(response.status, response.headers, response.read() if method != "HEAD" else b"")
+                return Answer(response.status, response.headers, response.read() if body and method != "HEAD" else b"")
         except urllib.error.HTTPError as error:
             with error:
                 return Answer(error.code, error.headers, b"")

@@ -1,9 +1,12 @@
-"""One rule for the credentials in a URL, for all of verlbox (host, image and build steps alike): they are
-whatever stands between `scheme://` and the last `@` before the URL's query or fragment. A password that
-holds a `/` (a base64 token) is still the password, never a path: it is never shown, never written into an
-apt source, and goes only as a login to the host it was given for.
+"""One rule for the credentials in a URL, for all of verlbox (host, image and build steps alike), RFC 3986's:
+the authority runs from `scheme://` to the first `/`, `?` or `#`, and the credentials are what stands in it
+before its last `@`. An `@` further on belongs to the path or query (`/repo/@scope/`), so a login always
+goes to the host written right after it, never to one named later in the path. A password with a raw `/`
+cannot be told from a path and is refused (ValueError, the password never in its message): it is written
+percent-encoded, `%2F`, and login() decodes it.
 
-Standard library only: build steps run it before verlbox is installed (mounted beside build_steps.py).
+Standard library only, and Python 3.9: build steps run it before verlbox is installed (mounted beside
+build_steps.py).
 """
 
 from __future__ import annotations
@@ -12,19 +15,29 @@ import re
 from urllib.parse import unquote
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)(.*)", re.DOTALL)
+# what may follow the credentials: a bracketed IP literal or a name, then a port of digits. Anything else
+# there (`u:ab` of `https://u:ab/cd@host/`, an empty host after a login) is a password's `/` or a typo.
+_HOST_PORT = re.compile(r"(\[[^\[\]\s]*\]|[^\[\]:\s]*)(:[0-9]+)?")
+_MALFORMED = (
+    "the host[:port] after '://' is malformed (a raw '/' in a password ends it): "
+    "percent-encode '/' in a password as %2F"
+)
 
 
 def split_userinfo(url: str) -> tuple[str, str | None]:
-    """(URL without its credentials, the credentials or None)."""
+    """(URL without its credentials, the credentials or None); ValueError when its authority is no host[:port]."""
     match = _SCHEME.fullmatch(url)
     if not match:
         return url, None
     scheme, rest = match.groups()
-    before_query = re.split(r"[?#]", rest, maxsplit=1)[0]
-    at = before_query.rfind("@")
-    if at < 0:
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    userinfo, at, host = authority.rpartition("@")
+    # a message naming any of the authority could show part of a password
+    if not _HOST_PORT.fullmatch(host) or (at and not host):
+        raise ValueError(_MALFORMED)
+    if not at:
         return url, None
-    return scheme + rest[at + 1 :], rest[:at]
+    return scheme + rest[len(userinfo) + 1 :], userinfo
 
 
 def login(userinfo: str) -> tuple[str, str]:
