@@ -247,3 +247,31 @@ def test_the_build_record_says_what_is_installed_not_what_was_asked(tmp_path: Pa
     assert written == [{"name": "tinywheel", "version": "1.0", "record": digest}]
     with pytest.raises(LookupError, match=r"^absent was installed, but is not found in "):
         build_record.write_installed("deps", ["absent"], [str(site)], tmp_path / "records")
+
+
+RAW_SLASH = "https://ci:ab/cd-s3cret@mirror.invalid/simple/"  # a password's raw '/': RFC 3986 ends the host there
+
+
+def test_a_url_with_a_raw_slash_in_its_password_is_refused_wherever_it_enters(tmp_path: Path) -> None:
+    """One URL rule everywhere: the build's options, the hub endpoint, the mirror inside a build step and the index
+    URLs a step's output is scrubbed of: each refuses (or hides whole) in one line, never the secret."""
+    from verlbox.errors import UsageError
+    from verlbox.host.building.sources import BuildSources
+    from verlbox.runtime.training.hub import Hub
+
+    for option in ("pip_index_url", "torch_index_url", "apt_mirror", "archives_url"):
+        with pytest.raises(UsageError, match="percent-encode '/' in a password as %2F") as refused:
+            BuildSources.from_options(
+                **{"ca_bundle": None, "pip_index_url": None, "torch_index_url": None, option: RAW_SLASH}
+            )
+        assert "s3cret" not in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(UsageError, match=r"^HF_ENDPOINT: .*%2F") as refused:
+        Hub.from_environment({"HF_ENDPOINT": RAW_SLASH})
+    assert "s3cret" not in str(refused.value)
+    with pytest.raises(StepError, match=r"^the build's apt mirror: ") as stopped:
+        build_steps.bare_url(RAW_SLASH)
+    assert "s3cret" not in str(stopped.value)
+    assert build_steps.secret_parts({"PIP_INDEX_URL": RAW_SLASH}) == [RAW_SLASH.encode()]
+    with pytest.raises(StepError, match=r"^an index URL of this build: ") as stopped:
+        build_steps.Fetcher({"PIP_INDEX_URL": RAW_SLASH})
+    assert "s3cret" not in str(stopped.value)

@@ -107,7 +107,7 @@ class BuildPlan:
         path = self.recipe.lock_path
         if not self.use_lock or not path or not path.is_file():
             return None
-        lock = read_lock(path)
+        lock = read_lock(path, self.recipe, self.base_override)
         if lock.recipe_hash != self.recipe.content_hash:
             raise UsageError(
                 f"{path}: made for another version of recipe {self.recipe.name} (hash {lock.recipe_hash[:12]}, now "

@@ -21,7 +21,7 @@ from rich.console import Console
 from verlbox.errors import UsageError
 from verlbox.host.building.archives import AcceptedArchive, check_archive, fetch_archive, mirror_url
 from verlbox.host.recipes.archive import ArchivePin
-from verlbox.runtime.steps.urls import redact
+from verlbox.runtime.steps.urls import redact, split_userinfo
 
 if TYPE_CHECKING:
     from verlbox.host.recipes.recipe import Base
@@ -43,6 +43,10 @@ def _index_url(value: str | None, option: str) -> str | None:
         return None
     if not _INDEX_URL.fullmatch(value):
         raise UsageError(f"{option} {shown_url(value)!r}: expected an http(s):// or file:// URL without spaces")
+    try:
+        split_userinfo(value)
+    except ValueError as error:  # its message shows no part of the URL
+        raise UsageError(f"{option} {shown_url(value)!r}: {error}") from None
     return value
 
 

@@ -24,6 +24,7 @@ from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import write_atomically
 from verlbox.host.clients.engine import docker_output
 from verlbox.host.recipes.basetree import image_tree_digest
+from verlbox.host.recipes.recipe import RecipeHead
 from verlbox.host.recipes.schema import (
     DebianPackage,
     DebianPin,
@@ -139,7 +140,10 @@ class Lock(Strict):
             raise UsageError("\n".join(p + ": run `verlbox lock` again" for p in problems))
 
 
-def read_lock(path: Path) -> Lock:
+def read_lock(path: Path, recipe: RecipeHead | None = None, base_override: str | None = None) -> Lock:
+    """The lock at PATH; with RECIPE, one that names RECIPE's base (or BASE_OVERRIDE, the copy a build was
+    told to use): a lock loads and tags its base under base.reference (from a bundle), where a name like
+    debian:bookworm would feed other projects' FROM lines."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -147,9 +151,16 @@ def read_lock(path: Path) -> Lock:
             f"{path}: not a verlbox lock ({' '.join(str(exc).split())[:300]}); run `verlbox lock`"
         ) from None
     try:
-        return Lock.model_validate(data)
+        lock = Lock.model_validate(data)
     except ValidationError as exc:
         raise UsageError("\n".join(f"{path}: {line}" for line in fault_lines(exc))) from None
+    allowed = [] if recipe is None else [*recipe.base.references, *([base_override] if base_override else [])]
+    if recipe is not None and lock.base.reference not in allowed:
+        raise UsageError(
+            f"{path}: base.reference: expected {' or '.join(allowed)} (recipe {recipe.name}'s base), "
+            f"got {lock.base.reference}"
+        )
+    return lock
 
 
 def image_records(image: str, module: str = "verlbox.runtime.steps.build_record") -> Any:

@@ -2,8 +2,8 @@
 
 A recipe argument is either a shipped recipe's name (`p40`) or a path to a YAML file (anything with
 a `/` or a .yaml/.yml suffix), relative to the current folder: a path never falls back to a
-shipped recipe of the same name. `extends:` looks beside the extending file first, then among the
-shipped recipes.
+shipped recipe of the same name. `extends:` names a file beside the extending one (by name, looked for
+there first, or by file name) or a shipped recipe (by name or path); it reads nothing else.
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ class Bootstrap(Strict):
     suite: Slug
     variant: Literal["minbase"] = "minbase"
 
+    @property
+    def reference(self) -> str:
+        """The local image `--bootstrap-base` makes: never a name an image of a registry has."""
+        return f"verlbox-base/debian:{self.suite}-{self.variant}"
+
 
 class Base(Strict):
     image: Text
@@ -65,6 +70,11 @@ class Base(Strict):
     @property
     def pinned_reference(self) -> str:
         return f"{self.image}@{self.digest}" if self.digest else self.image
+
+    @property
+    def references(self) -> list[str]:
+        """The references a build of this base may use, and so a lock name: the registry's, else the bootstrapped."""
+        return [self.pinned_reference] + ([self.bootstrap.reference] if self.bootstrap else [])
 
 
 class Cuda(Strict):
@@ -206,21 +216,47 @@ def resolve_recipe_path(reference: str) -> Path:
 
 
 def _resolve_parent(reference: str, child: Path) -> Path:
-    beside = child.parent / (reference if looks_like_path(reference) else f"{reference}.yaml")
-    shipped = paths.recipes_dir() / f"{reference}.yaml"
-    for candidate in (beside, shipped):
-        if candidate.is_file():
-            return candidate.resolve()
+    """The file `extends: REFERENCE` of recipe CHILD (a resolved path) reads: a shipped recipe, by name or path, or
+    a file in CHILD's own folder, never any other file (a stranger's recipe must not make verlbox read, and quote
+    in its errors, a file of their choosing)."""
+    shipped, folder, given = paths.recipes_dir().resolve(), child.parent, Path(reference)
+    expected = f"a shipped recipe's name or a file beside {child.name}"
+    if not looks_like_path(reference):
+        candidates = [folder / f"{reference}.yaml", shipped / f"{reference}.yaml"]
+    elif given.is_absolute() or len(given.parts) == 1:
+        candidates = [folder / given]  # an absolute GIVEN replaces FOLDER
+    else:
+        raise RecipeError(child, "extends", f"expected {expected} (no folder, no '..'), got {reference!r}")
+    for candidate in candidates:
+        try:
+            found = candidate.resolve()
+        except (OSError, RuntimeError, ValueError):  # a link loop, a NUL: no file verlbox will read
+            raise RecipeError(child, "extends", f"expected {expected}, got {reference!r}") from None
+        if found.parent not in (folder, shipped):
+            raise RecipeError(
+                child, "extends", f"{reference!r} leads out of {folder} (a symbolic link?): expected {expected}"
+            )
+        if found.is_file():
+            return found
     raise RecipeError(
         child, "extends", f"{reference!r} does not exist (looked beside {child.name} and among the shipped recipes)"
     )
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """What YAML found wrong and where, never the lines around it: PyYAML quotes those, and a file that is no
+    recipe at all may hold a secret."""
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+    problem = getattr(error, "problem", None) or getattr(error, "reason", None) or type(error).__name__
+    return f"{problem}{where}"
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise RecipeError(path, "", f"not valid YAML: {' '.join(str(exc).split())}") from None
+        raise RecipeError(path, "", f"not valid YAML: {_yaml_problem(exc)}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise RecipeError(path, "", f"cannot be read ({exc})") from None
     if not isinstance(data, dict):

@@ -191,7 +191,7 @@ def _shipped(recipes: Path, name: str) -> tuple[RecipeHead, Lock | None]:
     version of the recipe (a checkout whose recipe was edited, not locked again) is held against no image."""
     recipe = load_recipe(recipes / f"{name}.yaml")
     try:
-        lock = read_lock(recipe.lock_path) if recipe.lock_path and recipe.lock_path.is_file() else None
+        lock = read_lock(recipe.lock_path, recipe) if recipe.lock_path and recipe.lock_path.is_file() else None
     except VerlboxError:
         return recipe, None
     return recipe, lock if lock and lock.recipe_hash == recipe.content_hash else None

@@ -1,8 +1,10 @@
 """`verlbox build RECIPE --check`: is every pin of a recipe still served? Each upstream is asked, nothing is
 built: the base's manifest (registry API v2), each Python pin on its simple index (a file for the recipe's
-Python on linux x86_64), a wheel or archive named by URL (HEAD; Apex's from the cache when it is there),
-the cuDNN apt pin in NVIDIA's repository index, and the final stage's whole pin set resolved once (uv,
-for the recipe's Python and platform), so that pins that cannot coexist are named before any build.
+Python on linux x86_64), a wheel or archive named by URL (HEAD, or a one-byte GET where HEAD is refused;
+Apex's from the cache when it is there), the cuDNN apt pin in NVIDIA's repository index, and the final
+stage's whole pin set resolved once (uv, for the recipe's Python and platform), so that pins that cannot
+coexist are named before any build. Nothing an index serves runs here: uv builds no sdist (one served only
+as an sdist is named, and resolved without its own dependencies) and fetches no Python.
 Mirrors and the CA bundle apply as in a build.
 """
 
@@ -12,14 +14,18 @@ import gzip
 import os
 import re
 import subprocess
+import tempfile
+import zipfile
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from html.parser import HTMLParser
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from packaging import tags
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import (
     InvalidSdistFilename,
     InvalidWheelFilename,
@@ -165,13 +171,20 @@ def check_on_index(http: Http, index_url: str, name: str, version: str, python: 
 # ---- files named by URL, the cuDNN apt pin ---------------------------------------------------------------
 
 
+# what a host answers a HEAD it does not take (GitHub's signed release downloads have refused it): ask a GET instead
+HEAD_REFUSED = {400, 403, 405, 501}
+
+
 def check_url(http: Http, pin: str, url: str) -> Finding:
     answer = http.request(url, method="HEAD")
-    found = answer.headers.get("Content-Length")
-    size = f" ({int(found) / 2**20:.0f} MiB)" if answer.status == 200 and found and found.isdigit() else ""
-    return Finding(
-        pin, host_of(url), answer.status == 200, ("served" + size) if answer.status == 200 else status_line(answer)
-    )
+    if answer.status in HEAD_REFUSED:  # one byte asked for, and no byte of the answer read
+        answer = http.request(url, headers={"Range": "bytes=0-0"}, body=False)
+    served = answer.status in (200, 206)
+    total = answer.headers.get("Content-Length") if answer.status == 200 else None
+    if answer.status == 206:  # Content-Range: bytes 0-0/TOTAL
+        total = (answer.headers.get("Content-Range") or "").rpartition("/")[2]
+    size = f" ({int(total) / 2**20:.0f} MiB)" if total and total.isdigit() else ""
+    return Finding(pin, host_of(url), served, ("served" + size) if served else status_line(answer))
 
 
 def check_archive_pin(http: Http, sources: BuildSources, pin_name: str, archive: ArchivePin) -> Finding:
@@ -224,6 +237,39 @@ def uv_binary() -> str:
 
 
 UV_TREE = " \u00d7\u2570\u251c\u2500\u25b6\u2502"  # the marks uv draws its explanation with
+# uv --no-build names a package it would have to build, one or a few per run: "X==V has no usable wheels" (or a
+# range, "X>=V1,<=V2 ...", whose top is the version a resolver takes) and "Wheels are required for `X`" (its
+# message is wrapped: read with its lines joined)
+NO_USABLE_WHEELS = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?([<>=!~][^\s]*) has no usable wheels")
+WHEELS_REQUIRED = re.compile(r"Wheels are required for `([^`]+)`")
+SDIST_ONLY_RUNS = 12  # resolutions in all: each may name more sdist-only packages
+
+
+def stub_wheel(folder: Path, name: str, version: str) -> None:
+    """A wheel of NAME VERSION holding only metadata that requires nothing: what uv resolves an sdist-only package
+    with instead of building it (its build would run the index's code on this host)."""
+    stem = f"{name.replace('-', '_')}-{version}"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    wheel = "Wheel-Version: 1.0\nGenerator: verlbox-check\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    with zipfile.ZipFile(folder / f"{stem}-py3-none-any.whl", "w") as archive:
+        archive.writestr(f"{stem}.dist-info/METADATA", metadata)
+        archive.writestr(f"{stem}.dist-info/WHEEL", wheel)
+        archive.writestr(f"{stem}.dist-info/RECORD", "")
+
+
+def sdist_only(explanation: str) -> tuple[dict[str, str], list[str]]:
+    """From uv's explanation: the packages it would have to build, name -> the version it would take (an exact
+    pin, or a range's inclusive top), and those it names without one (which no stub can stand in for)."""
+    names = {canonicalize_name(name) for name in WHEELS_REQUIRED.findall(explanation)}
+    versions: dict[str, str] = {}
+    for name, specifiers in NO_USABLE_WHEELS.findall(explanation):
+        try:
+            tops = [Version(s.version) for s in SpecifierSet(specifiers.rstrip(",")) if s.operator in ("==", "<=")]
+        except (InvalidSpecifier, InvalidVersion):
+            continue
+        if tops:
+            versions[canonicalize_name(name)] = str(max(tops))
+    return {name: versions[name] for name in names if name in versions}, sorted(names - versions.keys())
 
 
 def check_resolution(
@@ -234,27 +280,63 @@ def check_resolution(
     sources: BuildSources,
     timeout: float,
 ) -> Finding:
+    """The requirements resolved once by uv, which never builds (an sdist's build runs code from the index) nor
+    fetches a Python. A package served only as an sdist is resolved from a stub wheel without its own
+    dependencies, and the finding names it."""
     pin = f"the final stage's {len(requirements)} pins, resolved together"
+    host = host_of(index_url) + (f", {host_of(extra_index_url)}" if extra_index_url else "")
     command = [uv_binary(), "pip", "compile", "-", "--quiet", "--no-header", "--python-version", python]
     command += ["--python-platform", PLATFORM, "--index-strategy", "unsafe-best-match"]
+    command += ["--no-build", "--no-python-downloads"]
     env = os.environ | {"UV_HTTP_TIMEOUT": str(int(max(timeout, 1))), "UV_NO_CONFIG": "1", "NO_COLOR": "1"}
+    env |= {"UV_PYTHON_DOWNLOADS": "never"}
     # the indexes in uv's environment, never its command line (`ps` shows that, and a URL may hold a token)
     env |= {"UV_INDEX_URL": index_url} | ({"UV_EXTRA_INDEX_URL": extra_index_url} if extra_index_url else {})
     env |= {"SSL_CERT_FILE": str(sources.ca_bundle)} if sources.ca_bundle else {}
-    result = subprocess.run(
-        command, input="\n".join(requirements) + "\n", capture_output=True, text=True, env=env, check=False
-    )
-    host = host_of(index_url) + (f", {host_of(extra_index_url)}" if extra_index_url else "")
-    if result.returncode != 0:
-        lines = [line.strip(UV_TREE) for line in result.stderr.splitlines()]
-        reason = " ".join(line for line in lines if line and not line.startswith("No solution found"))
-        for url in (index_url, extra_index_url or ""):
-            if (userinfo := split_userinfo(url)[1]) is not None:
-                reason = reason.replace(f"{userinfo}@", "")
-        return Finding(pin, host, False, reason or f"uv failed (exit {result.returncode})")
+    stubbed: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="verlbox-check-") as stubs:
+        for _ in range(SDIST_ONLY_RUNS):
+            result = subprocess.run(
+                [*command, "--find-links", stubs],
+                input="\n".join(requirements) + "\n",
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+            )
+            if result.returncode == 0:
+                break
+            lines = [line.strip(UV_TREE) for line in result.stderr.splitlines()]
+            reason = " ".join(line for line in lines if line and not line.startswith("No solution found"))
+            for url in (index_url, extra_index_url or ""):
+                if (userinfo := split_userinfo(url)[1]) is not None:
+                    reason = reason.replace(f"{userinfo}@", "")
+            found, unversioned = sdist_only(reason)
+            if unversioned:
+                return Finding(
+                    pin,
+                    host,
+                    False,
+                    f"{', '.join(unversioned)}: only sdists, and uv named no one version of them to resolve without "
+                    "a build (--check builds nothing: a build runs the index's code)",
+                )
+            if not found or found.keys() & stubbed.keys():  # no sdist to stand in for, or a stub did not help
+                return Finding(pin, host, False, reason or f"uv failed (exit {result.returncode})")
+            for name, version in found.items():
+                stub_wheel(Path(stubs), name, version)
+            stubbed |= found
+        else:
+            return Finding(pin, host, False, f"uv still named sdist-only packages after {SDIST_ONLY_RUNS} runs")
     resolved = dict(re.findall(r"^([A-Za-z0-9._-]+)==(\S+)", result.stdout, re.MULTILINE))
     numpy = f", numpy {resolved['numpy']}" if "numpy" in resolved else ""
-    return Finding(pin, host, True, f"one consistent set of {len(resolved)} packages for CPython {python}{numpy}")
+    answer = f"one consistent set of {len(resolved)} packages for CPython {python}{numpy}"
+    if stubbed:
+        named = ", ".join(f"{name} {version}" for name, version in sorted(stubbed.items()))
+        answer += (
+            f"; sdist only, not built and so resolved without their own dependencies (reading them needs a build, "
+            f"which --check never runs): {named}"
+        )
+    return Finding(pin, host, True, answer)
 
 
 # ---- the recipe ------------------------------------------------------------------------------------------

@@ -107,7 +107,11 @@ def secret_parts(env: dict[str, str]) -> list[bytes]:
     query and fragment. Longest first, so that a part of another is never replaced before it."""
     parts: set[str] = set()
     for url in (url for name in INDEX_VARIABLES for url in env.get(name, "").split()):
-        bare, userinfo = urls.split_userinfo(url)
+        try:
+            bare, userinfo = urls.split_userinfo(url)
+        except ValueError:  # a URL no tool can use: hidden whole
+            parts.add(url)
+            continue
         if userinfo:
             parts |= {userinfo, *urls.login(userinfo)[1:]}
         parts |= {piece for piece in re.split(r"[?#]", bare)[1:] if piece}
@@ -267,13 +271,19 @@ class Fetcher:
         self.indexes = [primary, *env.get("PIP_EXTRA_INDEX_URL", "").split()]
         self.logins = {}
         for index in self.indexes:
-            bare, userinfo = urls.split_userinfo(index)
+            try:
+                bare, userinfo = urls.split_userinfo(index)
+            except ValueError as error:
+                raise StepError(f"an index URL of this build: {error}") from None
             if userinfo:
                 self.logins[urlsplit(bare).netloc] = base64.b64encode(":".join(urls.login(userinfo)).encode()).decode()
         self.pages: dict[str, list[str]] = {}
 
     def open(self, url: str) -> Any:  # urllib's response (its class differs by scheme)
-        bare = urls.split_userinfo(url)[0]
+        try:
+            bare = urls.split_userinfo(url)[0]
+        except ValueError as error:  # a link an index served, say
+            raise StepError(f"a URL of this build's indexes: {error}") from None
         if bare.startswith("file:") and Path(unquote(urlsplit(bare).path)).is_dir():
             bare = bare.rstrip("/") + "/index.html"
         request = urllib.request.Request(bare, headers={"Accept": "text/html", "User-Agent": "verlbox-build-steps"})
@@ -292,8 +302,8 @@ class Fetcher:
                 with self.open(page) as answer:
                     parser = _Links()
                     parser.feed(answer.read().decode("utf-8", "replace"))
-                    base = urls.split_userinfo(answer.geturl())[0]
-                    self.pages[page] = [urljoin(base, href) for href in parser.hrefs]
+                    # relative to where the page was served (a redirect may have moved it); open() drops a login
+                    self.pages[page] = [urljoin(answer.geturl(), href) for href in parser.hrefs]
             except StepError:
                 self.pages[page] = []
         return self.pages[page]
@@ -433,7 +443,10 @@ def bare_url(url: str) -> tuple[str, tuple[str, str, str] | None]:
     # apt puts its own paths after the URL: a query or fragment would stand before them
     if not re.fullmatch(r"(https?|file)://[^\s?#]+", url):
         raise StepError("the build's apt mirror is not an http(s):// or file:// URL without spaces, '?' or '#'")
-    bare, userinfo = urls.split_userinfo(url)
+    try:
+        bare, userinfo = urls.split_userinfo(url)
+    except ValueError as error:
+        raise StepError(f"the build's apt mirror: {error}") from None
     if userinfo is None:
         return url, None
     login, password = urls.login(userinfo)

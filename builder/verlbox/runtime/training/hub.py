@@ -27,7 +27,7 @@ from typing import Any
 from verlbox import __version__
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import unreadable_folder, write_atomically
-from verlbox.runtime.steps.urls import redact
+from verlbox.runtime.steps.urls import redact, split_userinfo
 
 RECORD = "verlbox-fetch.json"
 RECORD_FORMAT = 1
@@ -99,8 +99,13 @@ class Hub:
     @classmethod
     def from_environment(cls, environ: dict[str, str]) -> Hub:
         # empty means unset (compose passes every setting); huggingface_hub would take an empty endpoint as is
+        endpoint = (environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+        try:
+            split_userinfo(endpoint)
+        except ValueError as error:  # its message shows no part of the URL
+            raise UsageError(f"HF_ENDPOINT: {error}") from None
         return cls(
-            (environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/"),
+            endpoint,
             environ.get("HF_TOKEN") or None,
             (environ.get("HF_HUB_OFFLINE") or "").upper() in TRUE_VALUES,
         )
