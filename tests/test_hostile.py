@@ -3,7 +3,6 @@ code, no traceback and nothing written; values that are valid but odd reach the 
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import io
 import json
@@ -12,7 +11,6 @@ import shutil
 import subprocess
 import tarfile
 import venv
-import zipfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
@@ -20,6 +18,7 @@ import pytest
 import yaml
 
 from conftest import REPO, run_verlbox
+from distributions import make_wheel
 from standins import serve_files
 from test_bundle import write_bundle
 from verlbox.errors import BAD_INPUT, UsageError
@@ -741,26 +740,6 @@ def test_a_mirror_token_reaches_neither_the_command_line_nor_the_base_nor_the_ou
         assert "T0KEN" not in str(error.value) and "\n" not in str(error.value)
 
 
-def _wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
-    """A wheel of FILES with its dist-info (METADATA, WHEEL, RECORD with each file's hash)."""
-    info = f"{name}-{version}.dist-info"
-    files = files | {
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: verlbox-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = [f"{path},sha256={_record_digest(text.encode())},{len(text.encode())}" for path, text in files.items()]
-    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
-    path = folder / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as archive:
-        for member, text in files.items():
-            archive.writestr(member, text)
-    return path
-
-
-def _record_digest(data: bytes) -> str:
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
 # an in-tree PEP 517 backend: the sdist builds with nothing but itself, so an install that fetches the
 # backend it declares (setuptools) does so only because its build is isolated
 _TREE_BACKEND = """
@@ -826,8 +805,8 @@ def test_a_locked_sdist_is_built_with_no_build_tool_from_the_folder_or_index(
     wheels.mkdir()
     (tools / "lock").mkdir(parents=True)
     hostile_line = f"import pathlib; pathlib.Path({str(marker)!r}).write_text('ran')\n"
-    _wheel(wheels, "setuptools", "99.0.0", {"setuptools/__init__.py": "", "zz_hostile.pth": hostile_line})
-    locked = [_wheel(wheels, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = True\n"}), _sdist(wheels)]
+    make_wheel(wheels, "setuptools", "99.0.0", {"setuptools/__init__.py": "", "zz_hostile.pth": hostile_line})
+    locked = [make_wheel(wheels, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = True\n"}), _sdist(wheels)]
     entries = [
         {"name": path.name.split("-")[0], "version": "1.0", "file": path.name, "sha256": _sha256(path)}
         for path in locked

@@ -4,7 +4,6 @@ build_steps functions, the real uv and pip, and stand-in indexes on 127.0.0.1.""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import io
 import json
@@ -12,33 +11,14 @@ import os
 import subprocess
 import tarfile
 import venv
-import zipfile
 from pathlib import Path
 
 import pytest
 
+from distributions import make_wheel
 from standins import serve_files
 from verlbox.runtime.steps import build_record, build_steps
 from verlbox.runtime.steps.build_steps import Secrets, StepError
-
-
-def _digest(data: bytes) -> str:
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def _wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
-    info = f"{name}-{version}.dist-info"
-    files = files | {
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: verlbox-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = [f"{path},sha256={_digest(text.encode())},{len(text.encode())}" for path, text in files.items()]
-    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
-    path = folder / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as archive:
-        for member, text in files.items():
-            archive.writestr(member, text)
-    return path
 
 
 def _legacy_sdist(folder: Path, marker: Path) -> Path:
@@ -88,8 +68,8 @@ def hostile(tmp_path: Path) -> tuple[Path, Path, list[Path]]:
     marker, files = tmp_path / "hostile-code-ran", tmp_path / "files"
     files.mkdir()
     pth = f"import pathlib; pathlib.Path({str(marker)!r}).write_text('setuptools-99 ran')\n"
-    _wheel(files, "setuptools", "99.0.0", {"setuptools/__init__.py": "", "zz_hostile.pth": pth})
-    locked = [_wheel(files, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = True\n"}), _legacy_sdist(files, marker)]
+    make_wheel(files, "setuptools", "99.0.0", {"setuptools/__init__.py": "", "zz_hostile.pth": pth})
+    locked = [make_wheel(files, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = True\n"}), _legacy_sdist(files, marker)]
     return marker, files, locked
 
 
@@ -148,7 +128,7 @@ def test_a_poisoned_uv_cache_never_reaches_a_locked_install(tmp_path: Path, monk
     and the build record says what was installed."""
     marker, wheels, tools, records = tmp_path / "pth-ran", tmp_path / "wheels", tmp_path / "tools", tmp_path / "rec"
     wheels.mkdir()
-    wheel = _wheel(wheels, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = 'locked'\n"})
+    wheel = make_wheel(wheels, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = 'locked'\n"})
     uv_cache = tmp_path / "uv-cache"
     with serve_files(_index([wheel])) as url:
         index = f"{url}/simple/"
@@ -197,11 +177,11 @@ def test_a_poisoned_file_cache_entry_is_fetched_again_by_its_hash(
     the lock's is replaced by the index's (checked by the same sha256), never installed."""
     wheels, tools = tmp_path / "wheels", tmp_path / "tools"
     wheels.mkdir()
-    wheel = _wheel(wheels, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = 'locked'\n"})
+    wheel = make_wheel(wheels, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = 'locked'\n"})
     entry = _entry(wheel)
     cache = tmp_path / "locked-files"
     poisoned = cache / entry["sha256"] / wheel.name
-    _wheel(tmp_path, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = 'poisoned'\n"}).rename(tmp_path / "p.whl")
+    make_wheel(tmp_path, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = 'poisoned'\n"}).rename(tmp_path / "p.whl")
     poisoned.parent.mkdir(parents=True)
     (tmp_path / "p.whl").rename(poisoned)
     _locked_step(tools, "deps", [entry])
@@ -221,7 +201,7 @@ def test_a_poisoned_file_cache_entry_is_fetched_again_by_its_hash(
 def test_a_token_in_an_index_query_or_login_is_never_printed(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """Finding 6: pip prints `Looking in indexes: URL` with the URL's query (where a token may ride); every tool a
     build step runs has its output passed through with the index URLs' secret parts replaced."""
-    wheel = _wheel(tmp_path, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = True\n"})
+    wheel = make_wheel(tmp_path, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = True\n"})
     with serve_files(_index([wheel])) as url:
         index = f"{url.replace('://', '://ci:pass%2Fword@')}/simple/?token=qu3ry-T0KEN"
         env = {"PATH": os.environ["PATH"], "PIP_INDEX_URL": index, "PIP_NO_CACHE_DIR": "1"}
