@@ -1,10 +1,9 @@
 """`verlbox build RECIPE --check`: every pin asked of stand-in upstreams on 127.0.0.1 (a registry with Docker
-Hub's token exchange, simple indexes serving small real wheels, an archive server, NVIDIA's apt index),
+Hub's token exchange, simple indexes serving small real wheels, an archive server, NVIDIA's signed apt index),
 the real `uv` resolving the final stage once; then each way an upstream fails, one line each."""
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import re
@@ -18,6 +17,7 @@ from packaging.utils import canonicalize_name
 
 from conftest import REPO, run_verlbox
 from standins import REGISTRY_TOKEN, closed_port_url, serve_files, serve_registry
+from test_nvidia_release import signed_repository, throwaway_key
 from verlbox.host.building.sources import BuildSources
 from verlbox.host.clients.upstream import Http
 from verlbox.host.recipes.recipe import load_recipe, recipe_names
@@ -75,7 +75,7 @@ def upstream_files(vllm_requires: tuple[str, ...]) -> dict[str, bytes]:
         for name in ("libcudnn8", "libcudnn8-dev")
     )
     files = simple_index("/simple", pypi_wheels) | simple_index("/torch", torch_wheels)
-    files[f"/cuda/{recipe.cudnn.repository}/Packages.gz"] = gzip.compress(packages.encode(), mtime=0)
+    files |= signed_repository(f"/cuda/{recipe.cudnn.repository}", packages, throwaway_key("A"))
     files[f"/archives/{recipe.apex.archive_name}"] = b"the archive's bytes"
     return files
 
@@ -89,6 +89,7 @@ def recipe_file(tmp_path: Path) -> Iterator[tuple[Path, str]]:
         data = yaml.safe_load((tmp_path / "p40.yaml").read_text())
         data["base"]["image"] = f"{registry}/nvidia/cuda:{TAG}"
         del data["vllm"]["wheel_url"]
+        data["cudnn"]["repository_key"] = throwaway_key("A").fingerprint  # the stand-in NVIDIA repository's key
         (tmp_path / "p40.yaml").write_text(yaml.safe_dump(data))
         yield tmp_path / "p40.yaml", registry
 

@@ -1,7 +1,8 @@
 """`verlbox build RECIPE --check`: is every pin of a recipe still served? Each upstream is asked, nothing is
 built: the base's manifest (registry API v2), each Python pin on its simple index (a file for the recipe's
 Python on linux x86_64), a wheel or archive named by URL (HEAD, or a one-byte GET where HEAD is refused;
-Apex's from the cache when it is there), the cuDNN apt pin in NVIDIA's repository index, and the final
+Apex's from the cache when it is there), the cuDNN apt pin in NVIDIA's repository index (read only as the
+repository's InRelease lists it, signed by the key the base's cuda-keyring holds), and the final
 stage's whole pin set resolved once (uv, for the recipe's Python and platform), so that pins that cannot
 coexist are named before any build. Nothing an index serves runs here: uv builds no sdist (one served only
 as an sdist is named, and resolved without its own dependencies) and fetches no Python.
@@ -11,8 +12,10 @@ Mirrors and the CA bundle apply as in a build.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import zipfile
@@ -209,22 +212,134 @@ def apt_versions(index: str, packages: set[str]) -> dict[str, set[str]]:
     return found
 
 
-def check_apt_pin(http: Http, repository_url: str, packages: dict[str, str]) -> Finding:
+class Unsigned(Exception):
+    """A repository the base's apt would refuse, or whose signature this host cannot check: the finding's answer."""
+
+
+def gpg(home: str, *arguments: str, data: bytes) -> subprocess.CompletedProcess[bytes]:
+    # --no-autostart: nothing here needs a secret key, so no gpg-agent (nor keyboxd) starts and outlives the check
+    command = ["gpg", "--homedir", home, "--batch", "--no-autostart", "--no-tty", *arguments]
+    return subprocess.run(command, input=data, capture_output=True, check=False)
+
+
+def primary_fingerprints(home: str, key_file: bytes) -> list[str]:
+    """The primary keys' fingerprints in KEY_FILE (armored or not), read without importing it anywhere."""
+    listed = gpg(home, "--with-colons", "--show-keys", data=key_file)
+    fingerprints: list[str] = []
+    after_primary = False
+    for record in listed.stdout.decode("utf-8", "replace").splitlines():
+        fields = record.split(":")
+        if fields[0] == "fpr" and after_primary and len(fields) > 9:
+            fingerprints.append(fields[9].upper())
+        after_primary = fields[0] == "pub"
+    return fingerprints if listed.returncode == 0 else []
+
+
+def signed_by(status: str, key: str) -> str | None:
+    """None when gpgv's --status-fd STATUS holds a good signature by KEY and no bad one (apt's rule: a second
+    signature by a key it lacks, as while a repository changes keys, does not count against it); else why not."""
+    signatures = [part.splitlines() for part in ("\n" + status).split("\n[GNUPG:] NEWSIG")[1:]]
+    records = [[line.split()[1:] for line in lines if line.startswith("[GNUPG:] ")] for lines in signatures]
+    if any(fields[0] == "BADSIG" for signature in records for fields in signature if fields):
+        return " (its signature does not match its text: changed after signing)"
+    for signature in records:
+        kinds = {fields[0] for fields in signature if fields}
+        # VALIDSIG's last field is the signing key's primary fingerprint (a subkey of KEY may sign for it)
+        primaries = {fields[-1] for fields in signature if fields and fields[0] == "VALIDSIG"}
+        if "GOODSIG" in kinds and key in primaries:
+            return None
+    signers = [fields[1] for signature in records for fields in signature if fields[:1] == ["ERRSIG"]]
+    if signers:
+        return f" (it is signed by key {', '.join(signers)})"
+    if not records:
+        return " (it holds no signature)"
+    lapsed = any(fields[:1] in (["EXPKEYSIG"], ["REVKEYSIG"]) for signature in records for fields in signature)
+    return " (by an expired or revoked key)" if lapsed else ""
+
+
+def verified_release(http: Http, repository: str, key: str) -> str:
+    """The text of REPOSITORY's InRelease that KEY (a fingerprint) signed, checked as the base's apt checks it: with
+    only the key the base's cuda-keyring trusts, taken from the repository's KEY_ID.pub when its fingerprint is KEY."""
+    missing = [tool for tool in ("gpg", "gpgv") if shutil.which(tool) is None]
+    if missing:
+        raise Unsigned(f"{' and '.join(missing)} not found: install gnupg and gpgv to check the repository's signature")
+    release = http.request(f"{repository}/InRelease")
+    if release.status != 200:
+        raise Unsigned(f"its InRelease: {status_line(release)} (the base's apt takes only a signed repository)")
+    key_name = f"{key[-8:].lower()}.pub"  # NVIDIA serves each key by its short id (a rotated one by a new name)
+    served = http.request(f"{repository}/{key_name}")
+    if served.status != 200:
+        raise Unsigned(
+            f"its signing key {key_name}: {status_line(served)} (NVIDIA serves a rotated key by another name: "
+            "the base's cuda-keyring may no longer match the repository)"
+        )
+    with tempfile.TemporaryDirectory(prefix="verlbox-gnupg-") as home:
+        fingerprints = primary_fingerprints(home, served.body)
+        if not fingerprints:
+            raise Unsigned(f"its {key_name} holds no OpenPGP public key")
+        if key not in fingerprints:
+            raise Unsigned(
+                "the repository's key changed (NVIDIA rotated it in 2022): the base's cuda-keyring will not trust it; "
+                f"{key_name} is {', '.join(fingerprints)}, not the pinned {key}: take a base whose cuda-keyring holds "
+                "the new key, and pin that (cudnn.repository_key)"
+            )
+        folder = Path(home)
+        (folder / "keyring.gpg").write_bytes(gpg(home, "--dearmor", data=served.body).stdout)
+        (folder / "InRelease").write_bytes(release.body)
+        command = ["gpgv", "--homedir", home, "--keyring", str(folder / "keyring.gpg"), "--status-fd", "1"]
+        checked = subprocess.run(
+            [*command, "--output", str(folder / "signed"), str(folder / "InRelease")], capture_output=True, check=False
+        )
+        problem = signed_by(checked.stdout.decode("utf-8", "replace"), key)
+        if problem is not None:
+            refused = f"its InRelease is not signed by the pinned key {key}{problem}"
+            raise Unsigned(f"{refused}: the base's apt would refuse the repository")
+        return (folder / "signed").read_text("utf-8", "replace")
+
+
+def listed_sha256(release: str, name: str) -> str | None:
+    """The sha256 a Release file's SHA256 section gives file NAME."""
+    section = re.search(r"^SHA256:[ \t]*\n((?:[ \t]+\S.*(?:\n|$))*)", release, re.MULTILINE)
+    for line in section.group(1).splitlines() if section else []:
+        fields = line.split()
+        if len(fields) == 3 and fields[2] == name:
+            return fields[0].lower()
+    return None
+
+
+def check_apt_pin(http: Http, repository_url: str, packages: dict[str, str], key: str) -> Finding:
+    """PACKAGES (name -> version) in the repository's Packages.gz, taken only when the InRelease signed by KEY (the
+    fingerprint the base's cuda-keyring trusts) lists its sha256."""
     pin = " ".join(f"{name}={version}" for name, version in packages.items())
-    url = f"{repository_url.rstrip('/')}/Packages.gz"
+    repository = repository_url.rstrip("/")
+    url = f"{repository}/Packages.gz"
     host = host_of(url)
+    try:
+        listed = listed_sha256(verified_release(http, repository, key), "Packages.gz")
+    except Unsigned as refused:
+        return Finding(pin, host, False, str(refused))
+    if listed is None:
+        return Finding(pin, host, False, "its signed InRelease lists no sha256 of Packages.gz")
     answer = http.request(url)
     if answer.status != 200:
         return Finding(pin, host, False, f"its Packages index: {status_line(answer)}")
+    if (served := hashlib.sha256(answer.body).hexdigest()) != listed:
+        return Finding(
+            pin,
+            host,
+            False,
+            f"its Packages.gz is not the one its signed InRelease lists (sha256 {served}, listed {listed}): a changed "
+            "file, or a mirror caught mid-update",
+        )
     try:
         index = gzip.decompress(answer.body).decode("utf-8", "replace")
     except (OSError, EOFError, zlib.error):
         return Finding(pin, host, False, "its Packages.gz is not a whole gzip file")
-    listed = apt_versions(index, set(packages))
-    missing = [f"{name}={version}" for name, version in packages.items() if version not in listed[name]]
+    listed_versions = apt_versions(index, set(packages))
+    missing = [f"{name}={version}" for name, version in packages.items() if version not in listed_versions[name]]
     if missing:
         return Finding(pin, host, False, f"not in the repository's index: {', '.join(missing)}")
-    return Finding(pin, host, True, "listed in the repository's Packages index")
+    return Finding(pin, host, True, f"listed in the repository's Packages index, signed by its pinned key {key[-8:]}")
 
 
 # ---- one resolution of the final stage -------------------------------------------------------------------
@@ -394,7 +509,8 @@ def check_recipe(
     if cudnn := getattr(recipe, "cudnn", None):
         repository = f"{nvidia_repo_url.rstrip('/')}/{cudnn.repository}"
         packages = {"libcudnn8": cudnn.apt_version, "libcudnn8-dev": cudnn.apt_version}
-        checks.append(("cudnn", repository, lambda: check_apt_pin(http, repository, packages)))
+        key = cudnn.repository_key
+        checks.append(("cudnn", repository, lambda: check_apt_pin(http, repository, packages, key)))
     if vllm := getattr(recipe, "vllm", None):
         if vllm.wheel_url:
             checks.append(

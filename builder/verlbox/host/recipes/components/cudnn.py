@@ -9,12 +9,20 @@ from pydantic import Field
 from verlbox.host.recipes.components.base import Component
 from verlbox.host.recipes.schema import DebianVersion
 
+# NVIDIA's CUDA apt repositories' signing key since its April 2022 rotation (3bf863cc, which replaced 7fa2af80): the
+# one key the cuda-keyring of its CUDA images built since then holds
+NVIDIA_CUDA_KEY = "EB693B3035CD5710E231E123A4B469963BF863CC"
+
 
 class Cudnn(Component):
     key = "cudnn"
     apt_version: DebianVersion
     # the base's NVIDIA CUDA apt repository (DISTRO/ARCH, as in its cuda.list): `build --check` asks its index
     repository: Annotated[str, Field(pattern=r"^[a-z0-9]+/[a-z0-9_]+$")]
+    # the fingerprint of the key that signs that repository, as the base's cuda-keyring holds it: `build --check`
+    # verifies the repository's InRelease with it, so a rotated key fails there, not in the build's apt. Kept out of
+    # the recipe hash: a fact of the base image, which its tag and digest already cover
+    repository_key: Annotated[str, Field(pattern=r"^[0-9A-F]{40}$")] = Field(default=NVIDIA_CUDA_KEY, exclude=True)
 
     @property
     def version(self) -> str:
