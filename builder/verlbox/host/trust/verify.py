@@ -8,7 +8,9 @@ bootstrapped base, whose packages it lists); the recipe the image was built from
 recipe, and its wheel's sha256 against the lock's (Apex compiles to the same bytes from the same plan,
 archive and toolchain, so a built image and one built from a bundle are held to the same wheel); and every
 file verlbox placed (the patched verl, its own runtime) against the hashes the build recorded (placed.py):
-the lock alone cannot see a file swapped inside an installed package.
+the lock alone cannot see a file swapped inside an installed package. And the bytes (runtime/checks/integrity.py):
+every installed Python distribution's files against its RECORD, each RECORD against the one the build recorded,
+every file of site-packages owned by some RECORD (bytecode by its source), and Debian's files by `dpkg --verify`.
 """
 
 from __future__ import annotations
@@ -16,20 +18,34 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 
 from packaging.utils import canonicalize_name
+from rich.console import Console
 
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.building.plan import BuildPlan
 from verlbox.host.clients.engine import require_cli
 from verlbox.host.recipes.lock import Lock, base_identity, read_lock
 from verlbox.host.recipes.recipe import RecipeHead
+from verlbox.runtime.checks import integrity
 
 # installed from the build context or compiled in the build, never from an index: checked otherwise
 NOT_FROM_AN_INDEX = {"verlbox", "apex"}
 
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# Run with `python -I -S`: the byte check (this verlbox's integrity.py, sent as text, not the image's copy) goes
+# first, before `site` runs any .pth that could hide itself or patch what the check calls; then site, for the rest.
 _PROBE = """
-import importlib.metadata as m, json, subprocess
+import json, subprocess, sys, types
+integrity = types.ModuleType("verlbox_integrity")
+sys.modules[integrity.__name__] = integrity
+exec(compile(INTEGRITY, "integrity.py", "exec"), integrity.__dict__)
+held = integrity.check()
+import site
+site.main()
+import importlib.metadata as m
 from pathlib import Path
 pip = {d.metadata["Name"]: d.version for d in m.distributions()}
 apt = subprocess.run(["dpkg-query", "-W", "-f", "${Package}=${Version}\\\\n"], capture_output=True, text=True).stdout
@@ -44,13 +60,18 @@ try:
     placed = changed_since_build()
 except ImportError:
     placed = ["no verlbox runtime in the image to check what it placed"]
-print(json.dumps({"pip": pip, "apt": apt.split(), "apex": apex, "compiled": compiled, "placed": placed}))
+held = {"differences": held.differences, "notes": held.notes}
+print(json.dumps({"pip": pip, "apt": apt.split(), "apex": apex, "compiled": compiled, "placed": placed, "bytes": held}))
 """
+
+
+def _probe() -> str:
+    return f"INTEGRITY = {Path(integrity.__file__).read_text()!r}\n{_PROBE}"
 
 
 def _inspect(image: str) -> dict:
     run = subprocess.run(
-        [require_cli(), "run", "--rm", "--entrypoint", "python", image, "-c", _PROBE],
+        [require_cli(), "run", "--rm", "--entrypoint", "python", image, "-I", "-S", "-c", _probe()],
         capture_output=True,
         text=True,
         check=False,
@@ -103,7 +124,7 @@ def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> list[
         return [mismatch]
     if recipe.lock_path is None or not recipe.lock_path.is_file():
         raise UsageError(f"recipe {recipe.name} has no lock ({recipe.lock_path}): run `verlbox lock` first")
-    lock: Lock = read_lock(recipe.lock_path)
+    lock: Lock = read_lock(recipe.lock_path, recipe)
     found = [
         f"label {label}: image {labels.get(label) or 'absent'}, expected {value}"
         for label, value in label_differences(recipe, lock, labels).items()
@@ -129,7 +150,10 @@ def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> list[
         found.append(f"apex: image built from {inside['apex'] or 'an unrecorded source'}, recipe pins {apex.commit}")
     found += _base_differences(lock, labels.get("io.verlbox.base"))
     found += [f"placed file {line}" for line in inside.get("placed", [])]  # the patched verl, verlbox's runtime
-    return found + _compiled_differences(lock, inside.get("compiled", {}))
+    held = inside["bytes"]
+    for note in held.get("notes", []):  # what an image of an older verlbox cannot show: said, not failed
+        err.print(f"note: {note}", markup=False)
+    return found + _compiled_differences(lock, inside.get("compiled", {})) + held.get("differences", [])
 
 
 # the same plan, archive and toolchain compiled the lock's bytes in every clean build but one measured
