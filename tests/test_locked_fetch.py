@@ -255,3 +255,35 @@ def test_a_url_with_a_raw_slash_in_its_password_is_refused_wherever_it_enters(tm
     with pytest.raises(StepError, match=r"^an index URL of this build: ") as stopped:
         build_steps.Fetcher({"PIP_INDEX_URL": RAW_SLASH})
     assert "s3cret" not in str(stopped.value)
+
+
+def test_a_wheel_url_s_sha256_is_checked_by_pip_and_rendered_from_the_recipe(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """vllm.wheel_sha256 reaches pip as the URL's #sha256=, which pip holds the download to: an unlocked build
+    of a recipe that pins it installs that file or fails (the shipped p40 pins none: no source of that hash
+    could be reached, and --check says so)."""
+    from verlbox.host.building.plan import BuildPlan
+    from verlbox.host.building.render import render_dockerfile
+    from verlbox.host.recipes.recipe import load_recipe
+
+    (tmp_path / "pinned.yaml").write_text(f"extends: p40\nvllm:\n  wheel_sha256: '{'ab' * 32}'\n")
+    rendered = render_dockerfile(BuildPlan(load_recipe(tmp_path / "pinned.yaml")))
+    assert f"cu118-cp38-abi3-manylinux1_x86_64.whl#sha256={'ab' * 32}" in rendered
+    assert "#sha256=" not in render_dockerfile(BuildPlan(load_recipe("p40")))
+    served = make_wheel(tmp_path, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = True\n"})
+    good = hashlib.sha256(served.read_bytes()).hexdigest()
+    with serve_files({f"/{served.name}": served.read_bytes()}) as url:
+        for sha256, works in ((good, True), ("0" * 64, False)):
+            target = _venv(tmp_path / f"env-{works}")
+            env = {"PATH": os.environ["PATH"], "VIRTUAL_ENV": str(target), "PIP_NO_CACHE_DIR": "1"}
+            install = [os.sys.executable, "-m", "pip", "--python", str(target / "bin" / "python"), "install"]
+            command = [*install, "--no-deps", f"{url}/{served.name}#sha256={sha256}"]
+            if works:
+                build_steps.run(command, env=env)
+            else:
+                with pytest.raises(StepError):
+                    build_steps.run(command, env=env)
+                assert "THESE PACKAGES DO NOT MATCH THE HASHES" in capfd.readouterr().err
+    assert _python(tmp_path / "env-True", "import tinywheel; print(tinywheel.WHEEL)") == "True"
+    assert not list((tmp_path / "env-False").rglob("tinywheel.py"))

@@ -190,6 +190,14 @@ def check_url(http: Http, pin: str, url: str) -> Finding:
     return Finding(pin, host_of(url), served, ("served" + size) if served else status_line(answer))
 
 
+def unpinned_warning(finding: Finding, sha256: str | None) -> Finding:
+    """FINDING for a wheel named by URL, saying so when the recipe pins no sha256 for it."""
+    if sha256 or not finding.served:
+        return finding
+    note = "; NOT pinned by sha256 (vllm.wheel_sha256): an unlocked build installs whatever this URL serves"
+    return Finding(finding.pin, finding.host, True, finding.answer + note)
+
+
 def check_archive_pin(http: Http, sources: BuildSources, pin_name: str, archive: ArchivePin) -> Finding:
     """A pinned source archive: in the cache with its hash (as a build takes it), else its URL (HEAD)."""
     cached = sources.archives / archive.name
@@ -517,7 +525,9 @@ def check_recipe(
                 (
                     f"vllm=={vllm.version}",
                     vllm.wheel_url,
-                    lambda: check_url(http, f"vllm=={vllm.version}", vllm.wheel_url),
+                    lambda: unpinned_warning(
+                        check_url(http, f"vllm=={vllm.version}", vllm.wheel_url), vllm.wheel_sha256
+                    ),
                 )
             )
         else:
