@@ -4,13 +4,18 @@ build_steps functions, the real uv and pip, and stand-in indexes on 127.0.0.1.""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
 import os
 import subprocess
 import tarfile
+import threading
 import venv
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -225,7 +230,7 @@ def test_the_build_record_says_what_is_installed_not_what_was_asked(tmp_path: Pa
     digest = hashlib.sha256(b"tinywheel.py,sha256=abc,3\n").hexdigest()
     written = json.loads((tmp_path / "records" / "installed" / "deps.json").read_text())
     assert written == [{"name": "tinywheel", "version": "1.0", "record": digest}]
-    with pytest.raises(LookupError, match=r"^absent was installed, but is not found in "):
+    with pytest.raises(LookupError, match=r"^absent installed, but not found in "):
         build_record.write_installed("deps", ["absent"], [str(site)], tmp_path / "records")
 
 
@@ -287,3 +292,84 @@ def test_a_wheel_url_s_sha256_is_checked_by_pip_and_rendered_from_the_recipe(
                 assert "THESE PACKAGES DO NOT MATCH THE HASHES" in capfd.readouterr().err
     assert _python(tmp_path / "env-True", "import tinywheel; print(tinywheel.WHEEL)") == "True"
     assert not list((tmp_path / "env-False").rglob("tinywheel.py"))
+
+
+@contextmanager
+def _recording_index(pages: dict[str, bytes], seen: list[tuple[str, str | None]], status: int = 200) -> Iterator[str]:
+    """An index on 127.0.0.1 that records each path asked with the Authorization it came with."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("Authorization")))
+            body = pages.get(self.path)
+            if body is None or status != 200:
+                self.send_error(404 if body is None else status)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_index_login_goes_only_to_its_own_scheme_host_and_port(tmp_path: Path) -> None:
+    """The index's login goes with its own pages and files, never to another host a page links to, and never
+    over plain http to a host whose index was given as https (a TLS terminator's http links, say); a page of
+    a remote index cannot make the build read a local file."""
+    served = make_wheel(tmp_path, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = True\n"})
+    entry = _entry(served)
+    secret = tmp_path / "secret.whl"
+    secret.write_bytes(b"a local file")
+    seen: list[tuple[str, str | None]] = []
+    with _recording_index({}, seen) as other:
+        page = (
+            f'<a href="file://{secret}">{served.name}</a>'  # a local file: never read
+            f'<a href="http://{other}/elsewhere/{served.name}">{served.name}</a>'
+        )
+        pages = {"/simple/tinywheel/": page.encode(), f"/files/{served.name}": served.read_bytes()}
+        with _recording_index(pages, seen) as own:
+            fetcher = build_steps.Fetcher({"PIP_INDEX_URL": f"http://ci:T0KEN@{own}/simple/"})
+            assert fetcher.where(entry) == f"http://{other}/elsewhere/{served.name}"
+            with pytest.raises(StepError):  # the other host has no such file
+                fetcher.download(entry, tmp_path / served.name)
+            # given as https, the login is for https alone: a page's http link to that host goes without it
+            https = build_steps.Fetcher({"PIP_INDEX_URL": f"https://ci:T0KEN@{own}/simple/"})
+            assert list(https.logins) == [("https", own)]
+    login = "Basic " + base64.b64encode(b"ci:T0KEN").decode()
+    assert ("/simple/tinywheel/", login) in seen
+    assert all(auth is None for path, auth in seen if path.startswith("/elsewhere/"))
+
+
+def test_a_planted_cache_entry_and_a_broken_index_are_one_line_each(tmp_path: Path) -> None:
+    """What another build left where a locked file goes (a link, a file) is removed, never followed; an index
+    that answers 401 is named with its answer, not as 'no index lists it'."""
+    served = make_wheel(tmp_path, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = True\n"})
+    entry = _entry(served)
+    cache, outside = tmp_path / "cache", tmp_path / "outside"
+    outside.mkdir()
+    cache.mkdir()
+    (cache / entry["sha256"]).symlink_to(outside, target_is_directory=True)
+    with serve_files(_index([served])) as url:
+        (path,) = build_steps.fetch_locked([entry], cache, {"PIP_INDEX_URL": f"{url}/simple/"})
+    assert path.read_bytes() == served.read_bytes() and not path.parent.is_symlink() and not list(outside.iterdir())
+    (cache / entry["sha256"] / served.name).unlink()
+    (cache / entry["sha256"]).rmdir()
+    (cache / entry["sha256"]).write_text("planted")
+    with serve_files(_index([served])) as url:
+        (path,) = build_steps.fetch_locked([entry], cache, {"PIP_INDEX_URL": f"{url}/simple/"})
+    assert path.read_bytes() == served.read_bytes()
+    seen: list[tuple[str, str | None]] = []
+    with _recording_index({"/simple/tinywheel/": b""}, seen, status=401) as own, pytest.raises(StepError) as refused:
+        build_steps.fetch_locked([entry], tmp_path / "empty", {"PIP_INDEX_URL": f"http://{own}/simple/"})
+    assert "no index of this build lists it" in str(refused.value) and "Unauthorized" in str(refused.value)
+    assert "\n" not in str(refused.value)

@@ -77,13 +77,9 @@ def write_record(step: str, kind: str, entries: list[dict], directory: Path = RE
     (directory / f"{step}.{kind}.json").write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
 
 
-def installed_entry(name: str, path: list[str] | None = None) -> dict:
-    """What is installed of distribution NAME (in PATH, else this interpreter's): its version and the sha256 of
-    its RECORD (which lists the hash of every file it installed), read after the step wrote the bytecode."""
-    where = {} if path is None else {"path": path}
-    distribution = next(iter(metadata.distributions(name=name, **where)), None)
-    if distribution is None:
-        raise LookupError(f"{name} was installed, but is not found in {path or 'sys.path'}")
+def installed_entry(distribution: metadata.Distribution) -> dict:
+    """What is installed of DISTRIBUTION: its version and the sha256 of its RECORD (which lists the hash of
+    every file it installed), read after the step wrote the bytecode."""
     record = Path(distribution._path) / "RECORD"  # type: ignore[attr-defined]  # its dist-info folder
     return {
         "name": _canonical(distribution.metadata["Name"]),
@@ -93,11 +89,18 @@ def installed_entry(name: str, path: list[str] | None = None) -> dict:
 
 
 def write_installed(step: str, names: list[str], path: list[str] | None, directory: Path = RECORD_DIR) -> None:
-    """DIRECTORY/installed/STEP.json: what the step installed, as installed (the lock says what was asked for;
-    this is what `verify` holds the image's files to)."""
+    """DIRECTORY/installed/STEP.json: what the step installed (NAMES, found in PATH, else this interpreter's
+    path), as installed: the lock says what was asked for; this is what `verify` holds the image to.
+    Names are compared canonically here (Python 3.9's own lookup misses `ruamel.yaml` for `ruamel-yaml`)."""
+    installed = {
+        _canonical(distribution.metadata["Name"]): distribution
+        for distribution in metadata.distributions(**({} if path is None else {"path": path}))
+    }
+    if missing := sorted(name for name in names if _canonical(name) not in installed):
+        raise LookupError(f"{', '.join(missing)} installed, but not found in {path or 'sys.path'}")
+    entries = sorted((installed_entry(installed[_canonical(name)]) for name in names), key=lambda e: e["name"])
     folder = directory / "installed"
     folder.mkdir(parents=True, exist_ok=True)
-    entries = sorted((installed_entry(name, path) for name in names), key=lambda entry: entry["name"])
     (folder / f"{step}.json").write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
 
 

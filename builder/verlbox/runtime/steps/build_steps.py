@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import http.client
 import importlib.metadata as metadata
 import json
 import os
@@ -233,6 +234,9 @@ def from_folder(env: dict[str, str], folder: Path) -> dict[str, str]:
     return env | {"UV_OFFLINE": "1", "UV_NO_INDEX": "1", "UV_FIND_LINKS": str(folder), "UV_NO_CACHE": "1"}
 
 
+HTTP = ("http", "https")
+
+
 class _Links(HTMLParser):
     """The links of a PEP 503 project page."""
 
@@ -246,8 +250,9 @@ class _Links(HTMLParser):
             self.hrefs.append(href)
 
 
-def default_index() -> str:
-    """The index this image's pip uses when the build names none: its configuration's, else pip's default."""
+def configured_indexes() -> list[str]:
+    """The indexes this image's pip uses when the build names none: its configuration's (global or install
+    section), else pip's default, then the configuration's extra indexes."""
     try:
         from pip._internal.configuration import Configuration
         from pip._internal.models.index import PyPI
@@ -255,57 +260,79 @@ def default_index() -> str:
         raise StepError("no index URL for the lock's files, and no pip here to tell its default") from None
     configuration = Configuration(isolated=False)
     configuration.load()
-    return dict(configuration.items()).get("global.index-url") or PyPI.simple_url
+    items = dict(configuration.items())
+    primary = items.get("global.index-url") or items.get("install.index-url") or PyPI.simple_url
+    extra = items.get("global.extra-index-url") or items.get("install.extra-index-url") or ""
+    return [primary, *extra.split()]
 
 
 class Fetcher:
-    """GETs for the lock's files: the build's CA, a login only to the host its URL names (never to a host a
-    page links to, nor after a redirect), the environment's proxy."""
+    """GETs for the lock's files: the build's CA, the environment's proxy, and an index's login sent only to
+    the scheme, host and port its URL names (never to a host a page links to, over http to that host, nor
+    after a redirect). A page on a remote index may link only remote files (a `file:` link would read this
+    machine's files)."""
 
     def __init__(self, env: dict[str, str]) -> None:
         cafile = env.get("PIP_CERT") or env.get("SSL_CERT_FILE")
         self.opener = urllib.request.build_opener(
             urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=cafile))
         )
-        primary = env.get("PIP_INDEX_URL") or default_index()
-        self.indexes = [primary, *env.get("PIP_EXTRA_INDEX_URL", "").split()]
-        self.logins = {}
+        primary = [env["PIP_INDEX_URL"]] if env.get("PIP_INDEX_URL") else configured_indexes()
+        self.indexes = [*primary, *env.get("PIP_EXTRA_INDEX_URL", "").split()]
+        self.logins: dict[tuple[str, str], str] = {}
         for index in self.indexes:
             try:
                 bare, userinfo = urls.split_userinfo(index)
             except ValueError as error:
                 raise StepError(f"an index URL of this build: {error}") from None
             if userinfo:
-                self.logins[urlsplit(bare).netloc] = base64.b64encode(":".join(urls.login(userinfo)).encode()).decode()
+                where = urlsplit(bare)
+                self.logins[(where.scheme, where.netloc)] = base64.b64encode(
+                    ":".join(urls.login(userinfo)).encode()
+                ).decode()
         self.pages: dict[str, list[str]] = {}
+        self.failures: dict[str, str] = {}  # page -> why it could not be read (a 404 aside)
 
     def open(self, url: str) -> Any:  # urllib's response (its class differs by scheme)
         try:
             bare = urls.split_userinfo(url)[0]
         except ValueError as error:  # a link an index served, say
             raise StepError(f"a URL of this build's indexes: {error}") from None
-        if bare.startswith("file:") and Path(unquote(urlsplit(bare).path)).is_dir():
+        where = urlsplit(bare)
+        if where.scheme == "file" and Path(unquote(where.path)).is_dir():
             bare = bare.rstrip("/") + "/index.html"
         request = urllib.request.Request(bare, headers={"Accept": "text/html", "User-Agent": "verlbox-build-steps"})
-        if login := self.logins.get(urlsplit(bare).netloc):
+        if login := self.logins.get((where.scheme, where.netloc)):
             request.add_unredirected_header("Authorization", f"Basic {login}")
         try:
             return self.opener.open(request, timeout=120)
         except (OSError, ValueError) as error:  # urllib's errors are OSErrors; the URL is shown without secrets
             raise StepError(f"{urls.redact(url)}: {getattr(error, 'reason', None) or error}") from None
 
+    def read(self, url: str) -> tuple[bytes, str]:
+        """URL's whole body, and the URL it was served from (a redirect may have moved it)."""
+        with self.open(url) as answer:
+            try:
+                return answer.read(), answer.geturl()
+            except (OSError, http.client.HTTPException) as error:
+                raise StepError(f"{urls.redact(url)}: {error or type(error).__name__}") from None
+
     def links(self, index: str, name: str) -> list[str]:
         """The absolute URLs project NAME's page on INDEX links to (none where the index has no such page)."""
         page = f"{index.rstrip('/')}/{re.sub(r'[-_.]+', '-', name).lower()}/"
         if page not in self.pages:
+            self.pages[page] = []
             try:
-                with self.open(page) as answer:
-                    parser = _Links()
-                    parser.feed(answer.read().decode("utf-8", "replace"))
-                    # relative to where the page was served (a redirect may have moved it); open() drops a login
-                    self.pages[page] = [urljoin(answer.geturl(), href) for href in parser.hrefs]
-            except StepError:
-                self.pages[page] = []
+                body, served = self.read(page)
+            except StepError as error:
+                if not re.search(r": (Not Found|Gone)$|No such file", str(error)):
+                    self.failures[page] = str(error)
+                return []
+            parser = _Links()
+            parser.feed(body.decode("utf-8", "replace"))
+            remote = urlsplit(index).scheme != "file"
+            links = [urljoin(served, href) for href in parser.hrefs]
+            self.pages[page] = [link for link in links if not (remote and urlsplit(link).scheme not in HTTP)]
         return self.pages[page]
 
     def where(self, entry: dict) -> str:
@@ -316,18 +343,25 @@ class Fetcher:
             for link in self.links(index, entry["name"]):
                 if unquote(urlsplit(link).path.rsplit("/", 1)[-1]) == entry["file"]:
                     return link
+        why = "; ".join(self.failures.values())
         raise StepError(
             f"{entry['file']}: no index of this build lists it (the lock's {entry['name']} {entry['version']})"
+            + (f"; {why}" if why else "")
         )
 
     def download(self, entry: dict, target: Path) -> None:
         """ENTRY's file into TARGET, only if its bytes are the lock's sha256."""
         partial = target.with_name(target.name + ".part")
         digest = hashlib.sha256()
-        with self.open(self.where(entry)) as answer, partial.open("wb") as out:
-            while chunk := answer.read(1 << 20):
-                digest.update(chunk)
-                out.write(chunk)
+        url = self.where(entry)
+        try:
+            with self.open(url) as answer, partial.open("wb") as out:
+                while chunk := answer.read(1 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except (OSError, http.client.HTTPException) as error:
+            partial.unlink(missing_ok=True)
+            raise StepError(f"{entry['file']} from {urls.redact(url)}: {error or type(error).__name__}") from None
         if digest.hexdigest() != entry["sha256"]:
             partial.unlink()
             raise StepError(
@@ -354,7 +388,9 @@ def fetch_locked(entries: list[dict], folder: Path, env: dict[str, str]) -> list
         target = folder / entry["sha256"] / entry["file"]
         if target.is_file() and file_sha256(target) == entry["sha256"]:
             return target, False
-        if target.parent.exists():
+        if target.parent.is_symlink() or target.parent.is_file():  # planted by another build: never followed
+            target.parent.unlink()
+        elif target.parent.exists():
             shutil.rmtree(target.parent)
         target.parent.mkdir(parents=True)
         assert fetcher is not None
@@ -650,6 +686,11 @@ def bundle_wheels(dest: Path, secrets: Secrets, tools: Path = TOOLS, cache: Path
     entries = [
         entry for path in sorted((tools / "bundle" / "pip").glob("*.json")) for entry in json.loads(path.read_text())
     ]
+    digests: dict[str, set[str]] = {}
+    for entry in entries:
+        digests.setdefault(entry["file"], set()).add(entry["sha256"])
+    if twice := sorted(name for name, found in digests.items() if len(found) > 1):
+        raise StepError(f"the lock names {', '.join(twice)} with two sha256s: one bundle folder cannot hold both")
     for path in fetch_locked(entries, cache, env):
         shutil.copyfile(path, dest / path.name)
 
