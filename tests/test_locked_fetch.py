@@ -373,3 +373,16 @@ def test_a_planted_cache_entry_and_a_broken_index_are_one_line_each(tmp_path: Pa
         build_steps.fetch_locked([entry], tmp_path / "empty", {"PIP_INDEX_URL": f"http://{own}/simple/"})
     assert "no index of this build lists it" in str(refused.value) and "Unauthorized" in str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+def test_check_never_shows_an_index_s_login_or_query_from_uv_s_errors() -> None:
+    """uv names the index URL in its errors (here the stand-in answers with a type uv refuses): --check's
+    finding shows where, never the login or the token in the query."""
+    from verlbox.host.building.sources import BuildSources
+    from verlbox.host.trust import pins
+
+    with serve_files({"/simple/tinywheel/": b"<html></html>"}) as url:
+        index = f"{url.replace('://', '://ci:pw0rd@')}/simple/?token=qu3ry-T0KEN"
+        finding = pins.check_resolution(["tinywheel==1.0"], "3.11", index, None, BuildSources(), 5)
+    assert not finding.served and f"{url.removeprefix('http://')}/simple/tinywheel/?***" in finding.answer
+    assert "qu3ry-T0KEN" not in finding.answer and "pw0rd" not in finding.answer

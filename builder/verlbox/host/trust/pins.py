@@ -51,7 +51,7 @@ from verlbox.host.clients.upstream import (
 )
 from verlbox.host.recipes.archive import ArchivePin
 from verlbox.host.recipes.recipe import RecipeHead
-from verlbox.runtime.steps.urls import split_userinfo
+from verlbox.runtime.steps.build_steps import secret_parts
 
 # NVIDIA's CUDA apt repositories, where a CUDA base's cuDNN packages come from (a mirror: --nvidia-repo-url)
 NVIDIA_CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
@@ -431,9 +431,9 @@ def check_resolution(
                 break
             lines = [line.strip(UV_TREE) for line in result.stderr.splitlines()]
             reason = " ".join(line for line in lines if line and not line.startswith("No solution found"))
-            for url in (index_url, extra_index_url or ""):
-                if (userinfo := split_userinfo(url)[1]) is not None:
-                    reason = reason.replace(f"{userinfo}@", "")
+            # uv names the index in its errors: its login and query (a token may ride there) are never shown
+            for secret in secret_parts(env):
+                reason = reason.replace(secret.decode(), "***")
             found, unversioned = sdist_only(reason)
             if unversioned:
                 return Finding(
