@@ -28,6 +28,7 @@ from pip._internal.models.index import PyPI
 from rich.console import Console
 
 from conftest import HOST_CA_BUNDLE, build_cache_ids, docker, prune_build_cache_since
+from verlbox.host.building import build
 from verlbox.host.building.bootstrap import mirror_from_apt_sources
 from verlbox.host.building.build import run_buildx
 from verlbox.host.building.context import write_context
@@ -98,18 +99,30 @@ def planted_plan(image: str) -> BuildPlan:
 def planted_build(
     docker_engine: object, planted_sources: BuildSources, planted_plan: BuildPlan
 ) -> Iterator[tuple[str, str]]:
-    """The system stage of p40-cu124 built with no cache, every secret carrying TOKEN; (console output, tag)."""
+    """The system stage of p40-cu124 built with no cache, every secret carrying TOKEN; (console output, tag).
+    Its locked files' cache is a new one (as on a new builder), so every locked file is fetched through the
+    planted index, not taken from what the session's image build fetched."""
     kept = build_cache_ids(docker_engine)
     said = io.StringIO()
+
+    def context_with_a_new_file_cache(plan: BuildPlan, directory: Path, *args: object) -> Path:
+        written = write_context(plan, directory, *args)  # type: ignore[arg-type]
+        dockerfile = directory / "Dockerfile"
+        dockerfile.write_text(dockerfile.read_text().replace("id=verlbox-locked-files,", f"id=planted-{cache},"))
+        return written
+
+    cache = secrets.token_hex(6)
     try:
-        run_buildx(
-            planted_plan,
-            ["--load", "--target", "system", "--tag", TAG, "--no-cache"],
-            sources=planted_sources,
-            progress="plain",
-            console=Console(file=said, width=250),
-            what="building",
-        )
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(build, "write_context", context_with_a_new_file_cache)
+            run_buildx(
+                planted_plan,
+                ["--load", "--target", "system", "--tag", TAG, "--no-cache"],
+                sources=planted_sources,
+                progress="plain",
+                console=Console(file=said, width=250),
+                what="building",
+            )
         yield said.getvalue(), TAG
     finally:
         docker("rmi", "--force", TAG, check=False)
@@ -148,8 +161,8 @@ def planted_bundle_debs(
 
 def test_the_planted_build_ran_its_steps_through_the_planted_sources(planted_build: tuple[str, str]) -> None:
     """Else the token's absence proves nothing: every step ran (no cache), apt fetched through the planted
-    mirror (its port written out: no other source names it so), and uv downloaded torch from an index
-    its cache does not know (uv caches by index URL, and the planted one is new at every run)."""
+    mirror (its port written out: no other source names it so), and torch's locked files were fetched
+    through the planted index (the build's locked files' cache is a new one)."""
     output, _ = planted_build
     runs = re.findall(r"^#(\d+) \[system \d+/\d+\] RUN ", output, re.MULTILINE)
     assert len(runs) >= 3 and all(f"\n#{step} DONE " in output for step in runs), output[-3000:]
@@ -157,7 +170,8 @@ def test_the_planted_build_ran_its_steps_through_the_planted_sources(planted_bui
     planted_mirror = f"{mirror.hostname}:{mirror.port or {'http': 80, 'https': 443}[mirror.scheme]}"
     fetched = re.findall(r"Get:\d+ https?://(\S+?)/", output)
     assert fetched and set(fetched) == {planted_mirror}, sorted(set(fetched))
-    assert re.search(r"Downloading torch \(", output), output[-3000:]
+    files = [int(count) for count in re.findall(r"locked files \(\d+ MiB\) by sha256: (\d+) fetched, 0 kept", output)]
+    assert files and max(files) >= 20, output[-3000:]  # torch's step: torch and its nvidia-* wheels
 
 
 def test_the_token_is_in_no_layer_config_or_history(planted_build: tuple[str, str]) -> None:
