@@ -63,7 +63,7 @@ RUN --mount=type=bind,source=verlbox-build/steps,target=/tmp/verlbox/steps \
     bash /tmp/verlbox/steps/steps.sh pip apex-build-tools packaging==25.0 setuptools==80.9.0 wheel==0.45.1 ninja==1.11.1.4
 RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \
     python3 /tmp/verlbox-apex/apex_build.py /tmp/verlbox-apex/plan.json /tmp/verlbox-apex/apex-e13873debc4699d39c6861074b9a3b2a02327f92.tar.gz /wheels \
-    && cp -r /opt/verlbox/build-record /wheels/build-record
+    && mkdir -p /wheels/build-record && cp /opt/verlbox/build-record/*.json /wheels/build-record/
 
 FROM system AS final
 # verl 0.4.1 itself with --no-deps, then its dependencies, each pinned: two steps, one RUN (each

@@ -119,7 +119,7 @@ ENV CUDA_HOME={{ c.toolkit.cuda_home | q }}
 {{ m.pip(plan, "apex-build-tools") }} {{ c.build_requirements.items() | map("join", "==") | words }}
 RUN --mount=type=bind,source=apex,target=/tmp/verlbox-apex \\
     python3 /tmp/verlbox-apex/apex_build.py /tmp/verlbox-apex/plan.json /tmp/verlbox-apex/{{ c.archive_name | q }} /wheels \\
-    && cp -r /opt/verlbox/build-record /wheels/build-record
+    && mkdir -p /wheels/build-record && cp /opt/verlbox/build-record/*.json /wheels/build-record/
 {%- endmacro %}
 {% macro final(c, plan) -%}
 # the source record goes into Apex's dist-info: smoke compares its commit with the recipe's; the wheel's
