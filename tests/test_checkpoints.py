@@ -374,19 +374,21 @@ def test_the_free_space_must_hold_the_saves_the_run_keeps(
 ) -> None:
     size = model_size(Path(Settings.from_overrides(qwen_overrides).actor_model))
     assert size is not None
-    need = 2 * estimate_step_bytes(size, size, Settings.from_overrides(qwen_overrides).save_contents)
+    need = 4 * estimate_step_bytes(size, size, Settings.from_overrides(qwen_overrides).save_contents)
     asked = fake_free(monkeypatch, need)
-    assert run(qwen_overrides) == [
-        f"checkpoints: {root} has 23.3 GiB free and the run will write up to 23.3 GiB (2 save(s) of about 11.7 GiB)"
-    ]
+    figures = (
+        f"{root} has 46.7 GiB free and 0.0 KiB in this run's saves, room for 46.7 GiB; a restart keeps 2 save(s) and "
+        "verl writes up to 2 more until the next one (trainer.max_*_ckpt_to_keep=2): 4 saves of about 11.7 GiB need "
+        "46.7 GiB"
+    )
+    assert run(qwen_overrides) == [f"checkpoints: {figures}"]
     assert asked == [str(root)]
     fake_free(monkeypatch, need - 1)
     with pytest.raises(PreflightFailed) as refused:
         run(qwen_overrides)
     assert refused.value.exit_code == 3
     assert str(refused.value) == (
-        f"checkpoints: {root} has 23.3 GiB free and the run will write up to 23.3 GiB (2 save(s) of about 11.7 GiB): "
-        "free some space, keep fewer saves, or set VERLBOX_SKIP_DISK_CHECK=1 to start anyway"
+        f"checkpoints: {figures}: free some space, keep fewer saves, or set VERLBOX_SKIP_DISK_CHECK=1 to start anyway"
     )
     assert run(qwen_overrides, environ={"VERLBOX_SKIP_DISK_CHECK": "1"})[0].endswith(
         "; starting anyway (VERLBOX_SKIP_DISK_CHECK=1)"
@@ -452,7 +454,7 @@ def test_a_dry_run_counts_the_space_its_removals_would_free(
     settings = Settings.from_overrides(qwen_overrides)
     size = model_size(settings.actor_model)
     assert size is not None
-    fake_free(monkeypatch, 2 * estimate_step_bytes(size, size, settings.save_contents) - 11 * 2**20)
+    fake_free(monkeypatch, 4 * estimate_step_bytes(size, size, settings.save_contents) - 33 * 2**20)
     lines = run(qwen_overrides, dry_run=True)
     assert lines[0] == (
         "checkpoints: would remove global_step_25 (11.0 MiB): beyond the 2 newest complete saves "

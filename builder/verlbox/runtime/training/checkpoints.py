@@ -19,7 +19,10 @@ written). With resume_mode=auto it resumes from the folder that file names (chec
 
 So, before verl starts: a resume whose settings changed is refused, this run's settings are recorded,
 the tracker is made to name the newest complete save (or removed), stale step folders are removed, and
-the free space is checked against what the run will write.
+the room is checked against what a restart will need (the saves it keeps and those verl writes until the
+next one), by one rule at the start and at every restart. Only folders verl wrote here are saves: a link
+(another run's) or a folder holding files verl never writes (someone's own) is never resumed from,
+removed or counted as room.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +58,11 @@ PICKLE_START = b"\x80"  # a pickle's protocol opcode: how torch.save's older for
 # save_checkpoint: f"{prefix}_world_size_{world_size}_rank_{rank}.pt")
 SHARD_PREFIXES = {"model": "model", "optimizer": "optim", "extra": "extra_state"}
 SHARD_FILE = re.compile(r"(model|optim|extra_state)_world_size_([1-9][0-9]*)_rank_(0|[1-9][0-9]*)\.pt")
+# what verl writes in a step folder (ray_trainer.py, _save_checkpoint) and in each role's folder beside the rank
+# files (fsdp_checkpoint_manager.py, save_checkpoint): name -> a folder (True) or a file (False)
+ROLE_FOLDERS = ("actor", "critic")
+STEP_ENTRIES = {**dict.fromkeys(ROLE_FOLDERS, True), DATALOADER_FILE: False}
+ROLE_ENTRIES = {"huggingface": True, "fsdp_config.json": False}
 # verl's default for both roles (ppo_trainer.yaml: checkpoint.save_contents; load_contents follows it)
 DEFAULT_CONTENTS = ("model", "optimizer", "extra")
 SKIP_DISK_CHECK = "VERLBOX_SKIP_DISK_CHECK"
@@ -143,16 +151,79 @@ class StepFolder:
     complete: bool
 
 
-def scan(folder: Path, load_contents: dict[str, tuple[str, ...]]) -> list[StepFolder]:
-    """verl's step folders in FOLDER, oldest first, each marked complete when verl could resume from it."""
+@dataclass(frozen=True)
+class Foreign:
+    """A folder named as verl names a save that verl did not write here: never resumed from, removed or counted."""
+
+    step: int
+    path: Path
+    why: str
+
+
+def _named_steps(folder: Path) -> list[tuple[int, Path]]:
+    """The folders (or links) in FOLDER named as verl names a step folder, oldest first."""
     if not folder.is_dir():
         return []
-    steps = []
+    found = []
     for entry in folder.iterdir():
         match = STEP_FOLDER.fullmatch(entry.name)
-        if match and entry.is_dir():
-            steps.append(StepFolder(int(match[1]), entry, is_complete(entry, load_contents)))
-    return sorted(steps, key=lambda folder: folder.step)
+        if match and (entry.is_dir() or entry.is_symlink()):  # a dangling link is named too, never followed
+            found.append((int(match[1]), entry))
+    return sorted(found)
+
+
+def scan(folder: Path, load_contents: dict[str, tuple[str, ...]]) -> list[StepFolder]:
+    """This run's step folders in FOLDER, oldest first, each marked complete when verl could resume from it; the
+    foreign ones (foreign_folders) are not among them."""
+    return [
+        StepFolder(step, path, is_complete(path, load_contents))
+        for step, path in _named_steps(folder)
+        if foreign_reason(path) is None
+    ]
+
+
+def foreign_folders(folder: Path) -> list[Foreign]:
+    """The step folders in FOLDER that verl did not write here, oldest first, each with why."""
+    return [Foreign(step, path, why) for step, path in _named_steps(folder) if (why := foreign_reason(path))]
+
+
+def foreign_reason(step_folder: Path) -> str | None:
+    """Why STEP_FOLDER is not a save verl wrote here; None: it holds nothing but what verl writes.
+
+    By the structure verl writes, not by a marker: saves written before verlbox (or by verl alone) carry none, and
+    a marker written after verl's save would leave the folder unmarked across a crash mid-save. A link is another
+    run's folder, and a file or folder verl never writes is someone's own (notes beside the weights). A link under
+    a name verl never writes is passed over: verl never loads it and removing the folder leaves its target."""
+    if step_folder.is_symlink():
+        return f"a link to {os.readlink(step_folder)}"
+    try:
+        reasons = (_unexpected(entry, step_folder, expected) for entry, expected in _entries(step_folder))
+        return next(filter(None, reasons), None)
+    except OSError as exc:  # what cannot be read cannot be told apart from someone's own folder
+        return f"cannot be read ({exc.strerror or exc})"
+
+
+def _entries(step_folder: Path) -> Iterator[tuple[Path, bool | None]]:
+    """Each entry of STEP_FOLDER and of its role folders, with whether verl writes a folder (True), a file (False)
+    or nothing (None) under its name there."""
+    for entry in sorted(step_folder.iterdir()):
+        yield entry, STEP_ENTRIES.get(entry.name)
+        if entry.name in ROLE_FOLDERS and entry.is_dir() and not entry.is_symlink():
+            for inner in sorted(entry.iterdir()):
+                yield inner, ROLE_ENTRIES.get(inner.name, False if SHARD_FILE.fullmatch(inner.name) else None)
+
+
+def _unexpected(entry: Path, step_folder: Path, folder_expected: bool | None) -> str | None:
+    """Why ENTRY is not what verl writes there (FOLDER_EXPECTED as _entries gives it); None: it is, or it is a link
+    that verl never loads."""
+    shown = entry.relative_to(step_folder)
+    if folder_expected is None:
+        return None if entry.is_symlink() else f"holds {shown}, which verl never writes"
+    if entry.is_symlink():  # verl would load through it: another run's weights
+        return f"its {shown} is a link to {os.readlink(entry)}"
+    if entry.is_dir() != folder_expected:
+        return f"its {shown} is not the {'folder' if folder_expected else 'file'} verl writes"
+    return None
 
 
 def whole_file(path: Path) -> bool:
@@ -245,9 +316,12 @@ class TrackerFix:
     step: int | None  # the step the tracker should name; None: remove it
 
 
-def tracker_fix(tracked: int | str | None, steps: list[StepFolder]) -> TrackerFix | None:
-    """How to make the tracker name the newest complete save, when what it says cannot be resumed from.
-    A tracker naming a complete save is left alone, even an older one: it is verl's own record."""
+def tracker_fix(
+    tracked: int | str | None, steps: list[StepFolder], foreign: Sequence[Foreign] = ()
+) -> TrackerFix | None:
+    """How to make the tracker name the newest complete save, when what it says cannot be resumed from (a FOREIGN
+    folder is another run's, or someone's own). A tracker naming a complete save is left alone, even an older one:
+    it is verl's own record."""
     newest = next((s.step for s in reversed(steps) if s.complete), None)
     if tracked is None:
         # with a complete save here, a first save was cut short between data.pt and the tracker
@@ -256,7 +330,9 @@ def tracker_fix(tracked: int | str | None, steps: list[StepFolder]) -> TrackerFi
         return TrackerFix(tracked, newest)
     named = next((s for s in steps if s.step == tracked), None)
     if named is None:
-        return TrackerFix(f"named global_step_{tracked}, which is missing", newest)
+        other = next((f.why for f in foreign if f.step == tracked), None)
+        problem = f"is not this run's save ({other})" if other else "is missing"
+        return TrackerFix(f"named global_step_{tracked}, which {problem}", newest)
     if not named.complete:
         return TrackerFix(f"named global_step_{tracked}, which is incomplete (a save cut short)", newest)
     return None
@@ -328,33 +404,92 @@ def estimate_step_bytes(actor: ModelSize, critic: ModelSize | None, save_content
     return total
 
 
-def check_free_space(
-    settings: Settings, step_bytes: int, free: int, environ: Mapping[str, str], *, dry_run: bool
-) -> str:
-    """One line on the free space; PreflightFailed when it is short, unless SKIP_DISK_CHECK=1 or a dry run.
+class DiskFull(PreflightFailed):
+    """The disk filled while verl saved: the machine is short of room, the input is not wrong (exit 3, as for a disk
+    too small at the start)."""
 
-    verl's rotation list starts empty at every start (checkpoint_manager.py: previous_saved_paths), so the
-    saves already here stay while the run writes up to `keep` new ones (it deletes the oldest of its own
-    before writing the next): the run needs room for `keep` saves on top of what is here now."""
-    saves = settings.keep or 1
-    need = saves * step_bytes
-    figures = (
-        f"{settings.folder} has {show_size(free)} free and the run will write up to {show_size(need)} "
-        f"({saves} save(s) of about {show_size(step_bytes)}"
-        + (")" if settings.keep else "; verl keeps every save, so this counts only the next one)")
+
+@dataclass(frozen=True)
+class Room:
+    """What this run's saves can use on their disk: its free space and what this run's step folders hold there (a
+    restart prunes them, or verl writes a cut one again), and the complete saves a restart keeps now."""
+
+    free: int
+    held: int
+    kept: int
+    cut: Path | None  # the newest save cut short, which verl writes again
+    cut_bytes: int  # what it holds
+
+    @property
+    def total(self) -> int:
+        return self.free + self.held
+
+
+def saves_needed(keep: int | None, kept: int) -> int:
+    """The saves the disk must hold at once: those a restart keeps, and those verl writes until the next restart
+    prunes. verl's rotation list starts empty at every start (checkpoint_manager.py: previous_saved_paths), so it
+    writes up to KEEP saves of its own on top of the KEPT here, and every later restart keeps KEEP again. So the
+    start asks for what its first restart will: a start that passes is not held at a crash days in. Without a
+    bound verl keeps every save: those here and the next one."""
+    return kept + 1 if keep is None else max(kept, keep) + keep
+
+
+def measure_room(folder: Path, steps: list[StepFolder], removed: list[StepFolder]) -> Room:
+    """FOLDER's room once the REMOVED step folders are gone (a dry run has left them: their bytes count as room
+    either way, as they are free space after a real removal)."""
+    left = [s for s in steps if s not in removed]
+    cut = [s for s in left if not s.complete]
+    existing = next(parent for parent in (folder, *folder.parents) if parent.exists())
+    return Room(
+        free=shutil.disk_usage(existing).free,
+        held=sum(folder_size(s.path) for s in steps),  # a removed folder is gone: nothing under it is counted
+        kept=sum(s.complete for s in left),
+        cut=cut[-1].path if cut else None,
+        cut_bytes=folder_size(cut[-1].path) if cut else 0,
     )
-    if free >= need:
+
+
+def check_free_space(
+    settings: Settings, step_bytes: int, room: Room, environ: Mapping[str, str], *, dry_run: bool
+) -> str:
+    """One line on the room for the saves; PreflightFailed when it is short (DiskFull when a save was cut short
+    for want of it), unless SKIP_DISK_CHECK=1 or a dry run. One rule for the start and every restart."""
+    saves = saves_needed(settings.keep, room.kept)
+    need = saves * step_bytes
+    bound = (
+        f"a restart keeps {max(room.kept, settings.keep)} save(s) and verl writes up to {settings.keep} more until "
+        f"the next one (trainer.max_*_ckpt_to_keep={settings.keep})"
+        if settings.keep
+        else f"verl keeps every save, so this counts the {room.kept} here and the next one"
+    )
+    figures = (
+        f"{settings.folder} has {show_size(room.free)} free and {show_size(room.held)} in this run's saves, room for "
+        f"{show_size(room.total)}; {bound}: {saves} saves of about {show_size(step_bytes)} need {show_size(need)}"
+    )
+    if room.total >= need:
         return f"checkpoints: {figures}"
     if environ.get(SKIP_DISK_CHECK) == "1":
         return f"checkpoints: {figures}; starting anyway ({SKIP_DISK_CHECK}=1)"
+    error: type[PreflightFailed] = PreflightFailed
     sentence = f"{figures}: free some space, keep fewer saves, or set {SKIP_DISK_CHECK}=1 to start anyway"
+    # a save cut short where its free space and its own bytes are less than a save: the disk filled under it
+    if room.cut is not None and room.free + room.cut_bytes < step_bytes:
+        error, sentence = DiskFull, disk_full(settings.folder, room.cut.name, room, step_bytes)
     if dry_run:
         return f"checkpoints: would refuse to start: {sentence}"
-    raise PreflightFailed(f"checkpoints: {sentence}")
+    raise error(f"checkpoints: {sentence}")
+
+
+def disk_full(folder: Path, cut: str, room: Room, step_bytes: int) -> str:
+    return (
+        f"the disk filled while verl wrote {cut}: {folder} has {show_size(room.free)} free and {cut} holds "
+        f"{show_size(room.cut_bytes)}, less than the {show_size(step_bytes)} of a save; free some space on that "
+        f"disk (verl writes {cut} again), or set {SKIP_DISK_CHECK}=1 to start anyway"
+    )
 
 
 def prepare(overrides: list[str], environ: Mapping[str, str], say: Callable[[str], None], *, dry_run: bool) -> None:
-    """Repair the tracker, remove stale step folders and check the free space, one line each; a dry run
+    """Repair the tracker, remove stale step folders and check the room for the saves, one line each; a dry run
     changes nothing and says what it would do."""
     settings = Settings.from_overrides(overrides)
     folder = settings.local_folder
@@ -362,8 +497,26 @@ def prepare(overrides: list[str], environ: Mapping[str, str], say: Callable[[str
         say(f"checkpoints: trainer.default_local_dir={settings.folder} is resolved by Hydra later; not checked")
         return
     steps = scan(folder, settings.load_contents)
+    target = repair_tracker(settings, folder, steps, say, dry_run=dry_run)
+    protected = {folder / f"global_step_{target}"} if isinstance(target, int) else set()
+    if settings.resume_mode == "resume_path" and settings.resume_from:
+        protected |= {s.path for s in steps if s.path.resolve() == settings.resume_from.resolve()}
+    removed = remove_stale(steps, settings.keep, protected, say, dry_run=dry_run)
+    if settings.save_freq <= 0:  # verl saves only with save_freq > 0 (ray_trainer.py, fit)
+        return
+    step_bytes = size_a_save(settings, say)
+    if step_bytes is not None:
+        room = measure_room(folder, steps, removed)
+        say(check_free_space(settings, step_bytes, room, environ, dry_run=dry_run))
+
+
+def repair_tracker(
+    settings: Settings, folder: Path, steps: list[StepFolder], say: Callable[[str], None], *, dry_run: bool
+) -> int | str | None:
+    """Point the tracker at the newest complete save, or remove it, when verl could not resume from what it names;
+    the step verl will resume from (a str: what is wrong with a tracker that resume_mode leaves alone)."""
     tracked = read_tracker(folder)
-    fix = tracker_fix(tracked, steps) if settings.resume_mode == "auto" else None
+    fix = tracker_fix(tracked, steps, foreign_folders(folder)) if settings.resume_mode == "auto" else None
     if fix and fix.step is None:
         action = "would remove" if dry_run else "removed"
         say(f"checkpoints: {TRACKER} {fix.problem}; {action} it: no complete save here, so verl starts from step 0")
@@ -379,12 +532,20 @@ def prepare(overrides: list[str], environ: Mapping[str, str], say: Callable[[str
         say(f"checkpoints: {TRACKER} {fix.problem}; {action} it at global_step_{fix.step}, the newest complete save")
         if not dry_run:
             write_atomically(folder / TRACKER, str(fix.step))  # no newline, as verl writes it
-    target = fix.step if fix else tracked
-    protected = {folder / f"global_step_{target}"} if isinstance(target, int) else set()
-    if settings.resume_mode == "resume_path" and settings.resume_from:
-        protected |= {s.path for s in steps if s.path.resolve() == settings.resume_from.resolve()}
-    freed = 0
-    for step_folder, reason in stale_folders(steps, settings.keep, protected):
+    return fix.step if fix else tracked
+
+
+def remove_stale(
+    steps: list[StepFolder],
+    keep: int | None,
+    protected: set[Path],
+    say: Callable[[str], None],
+    *,
+    dry_run: bool,
+) -> list[StepFolder]:
+    """Remove the stale step folders, one line each; those removed (a dry run: those it would remove)."""
+    removed = []
+    for step_folder, reason in stale_folders(steps, keep, protected):
         size = folder_size(step_folder.path)
         if not dry_run:
             try:
@@ -392,22 +553,22 @@ def prepare(overrides: list[str], environ: Mapping[str, str], say: Callable[[str
             except OSError as exc:
                 say(f"checkpoints: could not remove {step_folder.path} ({exc.strerror or exc}); left as it is")
                 continue
-        freed += size
+        removed.append(step_folder)
         action = "would remove" if dry_run else "removed"
         say(f"checkpoints: {action} {step_folder.path.name} ({show_size(size)}): {reason}")
-    if settings.save_freq <= 0:  # verl saves only with save_freq > 0 (ray_trainer.py, fit)
-        return
+    return removed
+
+
+def size_a_save(settings: Settings, say: Callable[[str], None]) -> int | None:
+    """The bytes one save takes, from the models' safetensors headers; None (said) when they cannot be read."""
     actor = model_size(settings.actor_model)
     critic = model_size(settings.critic_model) if settings.critic_model else None
     if actor is None or (settings.critic_model and critic is None):
         unsized = settings.actor_model if actor is None else settings.critic_model
         why = unreadable_folder(Path(unsized)) or f"no safetensors weights in {unsized} to size a save from"
         say(f"checkpoints: {why}; free space not checked")
-        return
-    step_bytes = estimate_step_bytes(actor, critic, settings.save_contents)
-    existing = next(parent for parent in (folder, *folder.parents) if parent.exists())
-    free = shutil.disk_usage(existing).free + (freed if dry_run else 0)  # a dry run removed nothing
-    say(check_free_space(settings, step_bytes, free, environ, dry_run=dry_run))
+        return None
+    return estimate_step_bytes(actor, critic, settings.save_contents)
 
 
 # Resuming. verl saves no config beside its checkpoints and takes the run's settings from the new start, so a
@@ -544,13 +705,17 @@ def next_free(folder: Path) -> Path:
 def check_resume(
     overrides: list[str], profile: str, environ: Mapping[str, str], say: Callable[[str], None], *, dry_run: bool
 ) -> None:
-    """Refuse a start that would resume a save made with other settings (PreflightFailed, one sentence naming
-    what changed and the two ways on); then record this run's settings beside the tracker for the next start.
-    A dry run says what it would refuse and writes nothing."""
+    """Name the step folders that are not this run's saves; refuse a start that would resume a save made with other
+    settings (PreflightFailed, one sentence naming what changed and the two ways on); then record this run's
+    settings beside the tracker for the next start. A dry run says what it would refuse and writes nothing."""
     settings = Settings.from_overrides(overrides)
     folder = settings.local_folder
     if folder is None:  # prepare says so; Hydra resolves it later
         return
+    foreign = foreign_folders(folder)
+    if foreign:
+        named = ", ".join(f"{f.path.name} ({f.why})" for f in foreign)
+        say(f"checkpoints: not this run's saves, so never resumed from, removed or counted as room: {named}")
     new = run_record(overrides, profile)
     saved = resumed_step(settings, folder)
     if saved is not None:

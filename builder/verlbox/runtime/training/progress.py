@@ -4,21 +4,27 @@ line kept in the run folder's log, and each step's metrics appended to its metri
 verl 0.4.1's console logger prints a step as `step:N - key:value - key:value ...` (some fifty pairs, Ray's
 `(TaskRunner pid=...)` prefix and colour codes in front). The line shown instead answers the questions asked
 at 3 a.m.: alive, how far, how fast, reward, response length, memory against the limit, when it ends.
+
+A week unattended bounds what the watch holds: verl's output is read in chunks (a line has no bound of its own: one
+of 200 MB took the supervisor to 1.4 GiB), a line is kept in verl.log up to LOG_LINE_BYTES and shown and parsed up to
+SHOWN_LINE_BYTES, each cut marked, and a progress bar's carriage-return updates keep only their last one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
 import statistics
+import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from rich.text import Text
 
@@ -44,6 +50,17 @@ REWARD = "critic/score/mean"
 RESPONSE_LENGTH = "response_length/mean"
 MEMORY_RESERVED = "perf/max_memory_reserved_gb"
 VALIDATION_REWARD = re.compile(r"^val-core/.+/reward/mean@\d+$")
+
+CHUNK_BYTES = 64 * 1024
+# kept whole in verl.log up to here: a traceback or a config dump fits, a runaway line does not fill the disk
+LOG_LINE_BYTES = 1024 * 1024
+# shown and parsed up to here: verl's step line is some 3 KiB, and a terminal has no use for more
+SHOWN_LINE_BYTES = 64 * 1024
+LINE_BREAK = re.compile(rb"[\r\n]")
+# Ray's `(TaskRunner pid=...)` in its colours: a carriage return after it overwrites the text, not whose it is
+RAY_HEAD = re.compile(rb"^(?:\x1b\[[0-9;]*m)*\([^)]*\)(?:\x1b\[[0-9;]*m)*\s*$")
+
+Shown = TypeVar("Shown")
 
 
 def plain(line: str) -> str:
@@ -145,15 +162,21 @@ class Progress:
 
 class FileSink:
     """One file appended to line by line. A failed write (a full disk for a moment) is said once and tried
-    again at the next line, so the file recovers with the disk; text resumes on a line of its own."""
+    again at the next line, so the file recovers with the disk; text resumes on a line of its own. Written from
+    the reader and, for a note, from the supervisor's thread: one line is never split by another."""
 
     def __init__(self, path: Path, say: Callable[[str], None]) -> None:
         self.path = path
         self.say = say
         self.failing = False
         self._handle: IO[str] | None = None
+        self._lock = threading.Lock()
 
     def write(self, text: str) -> None:
+        with self._lock:
+            self._write(text)
+
+    def _write(self, text: str) -> None:
         try:
             if self._handle is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -164,7 +187,7 @@ class FileSink:
             self._handle.write(text)
             self._handle.flush()
         except (OSError, ValueError) as exc:  # ValueError: closed meanwhile by a reader still draining
-            self.close()
+            self._close()
             if not self.failing:
                 self.failing = True
                 self.say(f"verlbox: cannot write {self.path} ({exc.strerror or exc}); trying again at each line")
@@ -174,6 +197,10 @@ class FileSink:
             self.say(f"verlbox: writing {self.path} again")
 
     def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._handle is not None:
             with contextlib.suppress(OSError):
                 self._handle.close()
@@ -189,13 +216,137 @@ def _ends_mid_line(path: Path) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class Line:
+    """One line of verl's: as much of it as is kept (LOG_LINE_BYTES), and how long it was."""
+
+    kept: bytes
+    length: int
+
+    def logged(self) -> str:
+        return _marked(self.kept, self.length)
+
+    def shown(self) -> str:
+        return _marked(self.kept[:SHOWN_LINE_BYTES], self.length)
+
+
+def _marked(kept: bytes, length: int) -> str:
+    text = kept.decode("utf-8", errors="replace")
+    # glued on, with no " - ": the last pair of a cut step line must not parse as a number
+    return text if len(kept) == length else f"{text}[verlbox: cut, the line has {length} bytes]"
+
+
+class Lines:
+    """verl's output, chunk by chunk, into bounded lines. A carriage return overwrites the line on a terminal
+    (tqdm's bars, 200,000 updates of one made a 12 MB line): only its last segment is kept, behind Ray's prefix
+    where the line has one. Past LOG_LINE_BYTES a line is counted, not kept."""
+
+    def __init__(self) -> None:
+        self._head = b""  # Ray's prefix, kept over the overwrites
+        self._text = bytearray()
+        self._length = 0
+        self._returned = False  # a carriage return came: the next text, not a newline, starts the segment anew
+
+    def feed(self, chunk: bytes) -> Iterator[Line]:
+        start = 0
+        for match in LINE_BREAK.finditer(chunk):
+            self._add(chunk[start : match.start()])
+            start = match.end()
+            if match.group() == b"\n":
+                yield self._end()
+            else:
+                self._carriage_return()
+        self._add(chunk[start:])
+
+    def rest(self) -> Iterator[Line]:
+        """The text after the last newline, once the output has ended."""
+        if self._head or self._length:
+            yield self._end()
+
+    def _add(self, data: bytes) -> None:
+        if not data:
+            return
+        if self._returned:
+            self._returned = False
+            self._text.clear()
+            self._length = 0
+        self._text += data[: LOG_LINE_BYTES - len(self._text)]
+        self._length += len(data)
+
+    def _carriage_return(self) -> None:
+        if not self._head and not self._returned and RAY_HEAD.match(self._text):
+            self._head = bytes(self._text)
+            self._text.clear()
+            self._length = 0
+        self._returned = True
+
+    def _end(self) -> Line:
+        line = Line(self._head + self._text, len(self._head) + self._length)
+        self._head, self._length, self._returned = b"", 0, False
+        self._text.clear()
+        return line
+
+
+class ConsoleGuard:
+    """The person's console while verl runs, shared by the reader's lines and the supervisor's. Its first failure
+    (EIO, a full disk under a redirect, a reader gone from the pipe, which rich turns into SystemExit(1)) gives it
+    up for the run: nothing it does may end the reader (verl would block on a full pipe) or the supervisor (verl
+    would not be restarted). The failure is news once, for the run's files, and said again as the run ends."""
+
+    def __init__(self, kept_in: str = "") -> None:
+        self.failed: str | None = None
+        self.failure = ""  # the sentence that says it
+        self._kept_in = kept_in  # where verl's lines still go
+        self._told = False
+        self._lock = threading.Lock()
+
+    def write(self, show: Callable[[Shown], None], text: Shown) -> None:
+        if self.failed is not None:
+            return
+        try:
+            show(text)
+        except (Exception, SystemExit) as exc:
+            self._fail(exc)
+
+    def guarding(self, show: Callable[[str], None]) -> Callable[[str], None]:
+        return lambda text: self.write(show, text)
+
+    def _fail(self, exc: BaseException) -> None:
+        # rich raises SystemExit from within its `except BrokenPipeError`: that error is the news
+        cause = exc.__context__ if isinstance(exc, SystemExit) and exc.__context__ else exc
+        with self._lock:  # the reader and the supervisor may find it dead at once
+            if self.failed is None:
+                self.failed = f"{type(cause).__name__}: {cause}"
+                self.failure = (
+                    f"the console failed at {now()} ({self.failed}) and was not written to again{self._kept_in}"
+                )
+
+    def news(self) -> str | None:
+        """The failure, the first time it is asked for once there is one."""
+        with self._lock:
+            if self.failed is None or self._told:
+                return None
+            self._told = True
+            return self.failure
+
+    def tell_at_end(self) -> None:
+        """The failure said again as the run ends, on stderr, written directly: the console may be back (a
+        terminal, a disk with room again) or was not stderr, and rich stays quiet for good after a broken pipe."""
+        if self.failed is None:
+            return
+        with contextlib.suppress(Exception):  # still dead: the run's files have it
+            sys.stderr.write(f"verlbox: {self.failure}\n")
+            sys.stderr.flush()
+
+
 class RunWatch:
     """Takes verl's output line by line: everything to FOLDER/verl.log, steps to FOLDER/metrics.jsonl and the
     compact line to SHOW, other lines to SHOW as they are (a warning or a traceback is seen where it happens).
 
     Three things fail apart, and none stops the others: the files (each said once, retried at each line and
-    each attempt), the console (a closed or failing stderr: the lines still reach the files), and the
-    reading itself, which always drains verl's pipe (verl blocks on a full one). Save detection needs none."""
+    each attempt), the console (CONSOLE: a closed or failing stderr, noted in verl.log; the lines still reach the
+    files), and the reading itself, which always drains verl's pipe (verl blocks on a full one). Save detection
+    needs none."""
 
     def __init__(self, folder: Path | None, progress: Progress, show: Callable[[Text | str], None]) -> None:
         """FOLDER None: plain (VERLBOX_PROGRESS=plain): verl's lines shown as they are, no files, and the
@@ -205,15 +356,21 @@ class RunWatch:
         self.show = show
         self._saving = threading.Event()
         self._attempt = 0
-        self.console_failed: str | None = None  # why the console stopped taking lines, once it has
+        self._log = FileSink(folder / LOG_FILE, self._say) if folder else None
         self._metrics = FileSink(folder / METRICS_FILE, self._say) if folder else None
+        self.console = ConsoleGuard(f"; verl's lines are in {folder / LOG_FILE}" if folder else "")
 
     @property
     def saving(self) -> bool:
         """verl is writing a checkpoint (its save began and its step's line has not come yet)."""
         return self._saving.is_set()
 
-    def follow(self, stream: IO[bytes]) -> threading.Thread:
+    @property
+    def console_failed(self) -> str | None:
+        """Why the console stopped taking lines, once it has."""
+        return self.console.failed
+
+    def follow(self, stream: io.BufferedIOBase) -> threading.Thread:
         """Read STREAM (verl's stdout and stderr) to its end in a thread of its own."""
         self._attempt += 1
         self._saving.clear()
@@ -222,31 +379,37 @@ class RunWatch:
         return reader
 
     def _say(self, text: Text | str) -> None:
-        """To the console; a console that fails (EIO, a closed pipe) is given up on, never fatal to the reader."""
-        if self.console_failed is not None:
-            return
-        try:
-            self.show(text)
-        except Exception as exc:  # whatever the console's failure, the pipe must still be drained
-            self.console_failed = f"{type(exc).__name__}: {exc}"
+        self.console.write(self.show, text)
 
-    def _read(self, stream: IO[bytes], attempt: int) -> None:
-        log = FileSink(self.folder / LOG_FILE, self._say) if self.folder else None
-        if log:
-            log.write(f"# verlbox: verl attempt {attempt} started {now()}\n")
-        for raw in stream:
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            if log:
-                log.write(line + "\n")
-            try:
-                self.take(line, attempt)
-            except Exception as exc:  # a line verlbox misreads is still shown, and the reading goes on
-                self._say(f"verlbox: could not read a line of verl's ({type(exc).__name__}: {exc})")
-                self._say(line)
-        for sink in (log, self._metrics):
+    def note_console(self) -> None:
+        """A failed console, once, in verl.log: called by the supervisor as it watches verl, so that verl.log
+        says when the console stopped showing its lines."""
+        if (news := self.console.news()) and self._log:
+            self._log.write(f"# verlbox: {news}\n")
+
+    def _read(self, stream: io.BufferedIOBase, attempt: int) -> None:
+        if self._log:
+            self._log.write(f"# verlbox: verl attempt {attempt} started {now()}\n")
+        lines = Lines()
+        # read1: what the pipe holds now, at most a chunk; a line's end is never waited for whole
+        while chunk := stream.read1(CHUNK_BYTES):
+            self._take_all(lines.feed(chunk), attempt)
+        self._take_all(lines.rest(), attempt)
+        for sink in (self._log, self._metrics):
             if sink:
                 sink.close()
         stream.close()
+
+    def _take_all(self, lines: Iterable[Line], attempt: int) -> None:
+        for line in lines:
+            if self._log:
+                self._log.write(line.logged() + "\n")
+            shown = line.shown()
+            try:
+                self.take(shown, attempt)
+            except Exception as exc:  # a line verlbox misreads is still shown, and the reading goes on
+                self._say(f"verlbox: could not read a line of verl's ({type(exc).__name__}: {exc})")
+                self._say(shown)
 
     def take(self, line: str, attempt: int) -> None:
         if self._metrics is None:  # plain: the save marker is all that is read

@@ -24,7 +24,7 @@ from types import FrameType
 
 from verlbox.errors import RunHalted, UsageError
 from verlbox.runtime.training.environment import number
-from verlbox.runtime.training.progress import RunWatch
+from verlbox.runtime.training.progress import ConsoleGuard, RunWatch
 
 # compose's healthcheck looks for it: a halted run shows as unhealthy in `docker compose ps`
 HALT_FILE = Path("/tmp/verlbox-halted")
@@ -165,7 +165,27 @@ def supervise(
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Run COMMAND until it succeeds (0), is stopped by a signal (128 + the signal), or halts (RunHalted).
-    With WATCH, verl's output goes through it, and a stop that comes during a save waits for the save."""
+    With WATCH, verl's output goes through it, and a stop that comes during a save waits for the save. What
+    is said goes through the watch's console guard: a dead console neither ends the run nor stops a restart."""
+    console = watch.console if watch else ConsoleGuard()
+    try:
+        return _supervise(command, env, policy, newest_step, before_restart, console.guarding(say), watch, clock)
+    finally:
+        if watch:
+            watch.note_console()
+        console.tell_at_end()
+
+
+def _supervise(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    policy: RestartPolicy,
+    newest_step: Callable[[], int | None],
+    before_restart: Callable[[str, int | None], None],
+    say: Callable[[str], None],
+    watch: RunWatch | None,
+    clock: Callable[[], float],
+) -> int:
     attempts: list[Attempt] = []
     with StopRequest(holds_off=lambda: watch is not None and watch.saving) as stop:
         while True:
@@ -221,6 +241,8 @@ def run_attempt(
             break
         except subprocess.TimeoutExpired:
             reap_orphans(keep=child.pid)
+            if watch:
+                watch.note_console()
             if stop.held_since is not None and not told:
                 say(f"stopping once verl has written the checkpoint it is saving (at most {save_grace_s:.0f} s)")
                 told = True
@@ -310,6 +332,7 @@ def clear_halt() -> None:
 def hold(exit_code: int, reason: str, say: Callable[[str], None]) -> int:
     """Stay up with the reason on record until stopped, then exit with EXIT_CODE: an exit would have Docker
     restart the container into the same failure."""
+    say = ConsoleGuard().guarding(say)  # a dead console must not end the hold: the reason is in HALT_FILE
     try:
         HALT_FILE.write_text(reason + "\n")
     except OSError as exc:

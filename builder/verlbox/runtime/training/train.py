@@ -6,9 +6,11 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import shlex
+import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from rich.console import Console
@@ -50,6 +52,9 @@ RUN_FOLDER_MOUNTS = {Path("/models"): "models", Path("/data"): "data"}
 RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 RAY_OVERRIDE_JOB_ENV = "RAY_OVERRIDE_JOB_RUNTIME_ENV"
 PROGRESS_MODE = "VERLBOX_PROGRESS"
+NVIDIA_SMI_TIMEOUT_S = 60
+# `nvidia-smi -L`: "GPU 0: Tesla P40 (UUID: GPU-...)"; MIG devices are indented lines under their GPU
+LISTED_GPU = re.compile(r"^GPU \d+: .*\(UUID: (GPU-[^)\s]+)\)")
 
 
 def data_files(overrides: list[str]) -> list[Path]:
@@ -76,10 +81,40 @@ def verified_overrides(plan: TrainingPlan, user: list[str]) -> list[str]:
     return overrides
 
 
-def visible_gpus() -> int:
-    import torch
+def visible_gpus(environ: Mapping[str, str]) -> tuple[int, str]:
+    """The GPUs verl's CUDA will see here, and how they were counted: those the driver's nvidia-smi lists (in a
+    container, the runtime has mounted only those compose reserved, so NVIDIA_VISIBLE_DEVICES is not read again,
+    and the CUDA images set it to `all` whatever was reserved), narrowed by CUDA_VISIBLE_DEVICES. Not torch:
+    `train` supervises the run for its whole life, and torch's import would stay in it for nothing."""
+    try:
+        listing = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 0, f"no GPU counted here: nvidia-smi -L could not run ({exc})"
+    if listing.returncode != 0:
+        said = (listing.stderr or listing.stdout).strip().splitlines()
+        return 0, f"no GPU counted here: nvidia-smi -L failed ({said[-1] if said else f'exit {listing.returncode}'})"
+    gpus = [match.group(1) for line in listing.stdout.splitlines() if (match := LISTED_GPU.match(line))]
+    chosen = environ.get("CUDA_VISIBLE_DEVICES")
+    count = len(gpus) if chosen is None else cuda_visible(chosen, gpus)
+    return count, f"{count} GPU(s) visible here"
 
-    return torch.cuda.device_count()
+
+def cuda_visible(setting: str, gpus: list[str]) -> int:
+    """How many of GPUS (their UUIDs) CUDA_VISIBLE_DEVICES=SETTING leaves to CUDA, as CUDA reads it: entries up to
+    the first that names none of them, each an index or the start of one UUID; a GPU named twice leaves none."""
+    chosen: list[str] = []
+    for entry in (part.strip() for part in setting.split(",")):
+        matches = [gpu for gpu in gpus if gpu.startswith(entry)] if entry.startswith("GPU-") else []
+        if entry.isdigit() and int(entry) < len(gpus):
+            matches = [gpus[int(entry)]]
+        if len(matches) != 1:
+            break
+        if matches[0] in chosen:
+            return 0
+        chosen.append(matches[0])
+    return len(chosen)
 
 
 def resolve_topology(
@@ -99,8 +134,8 @@ def resolve_topology(
             cluster.wait_for_nodes(nodes, wait_s, console)
         found = cluster.cluster_topology(address)
     else:
-        count = visible_gpus()
-        found = Topology(max(count, 1), 1, f"{count} GPU(s) visible here")
+        count, counted = visible_gpus(environ)
+        found = Topology(max(count, 1), 1, counted)
     if gpus_per_node or nodes:
         return Topology(
             gpus_per_node or found.gpus_per_node, nodes or found.nodes, f"given; the rest from {found.source}"
@@ -318,13 +353,33 @@ def train(
     if failed:
         raise PreflightFailed("\n".join(f"preflight {check.name}: {check.detail}" for check in failed))
     overrides = fit_prompt_length(overrides, user_overrides, say)
+    folder = checkpoints.Settings.from_overrides(overrides).local_folder
+    with run_record.one_train(folder, say):  # a second `train` on this experiment is refused, naming this one
+        passed = f"preflight: {len(checks)} checks passed ({checks[0].detail})"
+        return supervised_run(plan, overrides, environ, facts, gpu_memory_gib, console, policy, passed, say)
+
+
+def supervised_run(
+    plan: TrainingPlan,
+    overrides: list[str],
+    environ: dict[str, str],
+    facts: preflight.GpuFacts | None,
+    gpu_memory_gib: float | None,
+    console: Console,
+    policy: supervisor.RestartPolicy,
+    passed: str,
+    say: Callable[[str], None],
+) -> int:
+    """verl under the supervisor, once the preflight passed and the experiment folder is this run's."""
     # a resume with other settings refused before anything changes; then the tracker verl resumes from, the saves
     # it forgot, the room its next saves need: all after the checks, so a machine that cannot train changes nothing
     checkpoints.check_resume(overrides, plan.profile.name, environ, say, dry_run=False)
     checkpoints.prepare(overrides, environ, say, dry_run=False)
-    passed = f"preflight: {len(checks)} checks passed ({checks[0].detail})"
     console.print(f"{passed}; starting verl: {plan.profile.description}")
     folder = checkpoints.Settings.from_overrides(overrides).local_folder
+    watch = run_watch(folder, overrides, environ, facts, console)
+    if watch:  # from here a dead console must end neither the reader nor the supervisor (its restarts say lines)
+        say = watch.console.guarding(say)
     log = run_record.RunLog(folder, new_run(plan, overrides, environ, facts, gpu_memory_gib), say) if folder else None
 
     def before_restart(after: str, from_step: int | None) -> None:
@@ -343,12 +398,15 @@ def train(
             newest_step=lambda: checkpoints.newest_step(overrides),
             before_restart=before_restart,
             say=say,
-            watch=run_watch(folder, overrides, environ, facts, console),
+            watch=watch,
         )
         outcome = "finished" if code == 0 else f"stopped ({supervisor.describe_exit(code)})"
         return code
     except RunHalted:
         outcome = "halted (crash loop)"
+        raise
+    except checkpoints.DiskFull:
+        outcome = "halted (disk full)"
         raise
     finally:
         if log:
