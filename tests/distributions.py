@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -26,4 +28,15 @@ def make_wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> 
     with zipfile.ZipFile(path, "w") as archive:
         for member, text in files.items():
             archive.writestr(member, text)
+    return path
+
+
+def make_sdist(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    """An sdist NAME-VERSION.tar.gz of FILES (paths inside its top folder)."""
+    path = folder / f"{name}-{version}.tar.gz"
+    with tarfile.open(path, "w:gz") as archive:
+        for member, text in files.items():
+            info = tarfile.TarInfo(f"{name}-{version}/{member}")
+            info.size = len(text.encode())
+            archive.addfile(info, io.BytesIO(text.encode()))
     return path

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from conftest import REPO, run_verlbox
-from distributions import make_wheel
+from distributions import make_sdist, make_wheel
 from standins import serve_files
 from test_bundle import write_bundle
 from verlbox.errors import BAD_INPUT, UsageError
@@ -770,13 +770,7 @@ def _sdist(folder: Path) -> Path:
         "tree_backend.py": _TREE_BACKEND,
         "PKG-INFO": "Metadata-Version: 2.1\nName: tinysdist\nVersion: 1.0\n",
     }
-    path = folder / "tinysdist-1.0.tar.gz"
-    with tarfile.open(path, "w:gz") as archive:
-        for name, text in files.items():
-            info = tarfile.TarInfo(f"tinysdist-1.0/{name}")
-            info.size = len(text.encode())
-            archive.addfile(info, io.BytesIO(text.encode()))
-    return path
+    return make_sdist(folder, "tinysdist", "1.0", files)
 
 
 def _simple_index(folder: Path) -> dict[str, bytes]:

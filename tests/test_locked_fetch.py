@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
 import os
 import subprocess
-import tarfile
 import threading
 import venv
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from distributions import make_wheel
+from distributions import make_sdist, make_wheel
 from standins import serve_files
 from verlbox.runtime.steps import build_record, build_steps
 from verlbox.runtime.steps.build_steps import Secrets, StepError
@@ -34,13 +32,7 @@ def _legacy_sdist(folder: Path, marker: Path) -> Path:
         "from setuptools import setup\nsetup(name='tinysdist', version='1.0')\n",
         "PKG-INFO": "Metadata-Version: 2.1\nName: tinysdist\nVersion: 1.0\n",
     }
-    path = folder / "tinysdist-1.0.tar.gz"
-    with tarfile.open(path, "w:gz") as archive:
-        for name, text in files.items():
-            info = tarfile.TarInfo(f"tinysdist-1.0/{name}")
-            info.size = len(text.encode())
-            archive.addfile(info, io.BytesIO(text.encode()))
-    return path
+    return make_sdist(folder, "tinysdist", "1.0", files)
 
 
 def _index(files: list[Path], served: dict[str, bytes] | None = None) -> dict[str, bytes]:
