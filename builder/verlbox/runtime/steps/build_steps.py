@@ -402,9 +402,9 @@ def fetch_locked(entries: list[dict], folder: Path, env: dict[str, str]) -> list
         done = list(pool.map(one, unique))
     fetched = sum(new for _, new in done)
     size = sum(path.stat().st_size for path, _ in done) / 2**20
-    print(
-        f"verlbox: {len(done)} locked files ({size:.0f} MiB) by sha256: {fetched} fetched, {len(done) - fetched} kept"
-    )
+    kept = len(done) - fetched
+    # flushed: the installer's output, which follows, goes straight to the same log
+    print(f"verlbox: {len(done)} locked files ({size:.0f} MiB) by sha256: {fetched} fetched, {kept} kept", flush=True)
     return [path for path, _ in done]
 
 
