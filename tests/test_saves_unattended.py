@@ -256,3 +256,19 @@ def test_only_folders_this_run_wrote_are_its_saves(root: Path, tmp_path: Path, s
         f"checkpoints: latest_checkpointed_iteration.txt named global_step_100, which is not this run's save (a link "
         f"to {other}); pointed it at global_step_50, the newest complete save"
     )
+
+
+def test_a_lora_run_s_adapter_is_part_of_its_save(root: Path, small_model: None) -> None:
+    """verl 0.4.1 writes actor/lora_adapter/ into every save when actor_rollout_ref.model.lora_rank > 0: such
+    a save is this run's, resumed from and kept (a review found every LoRA save refused as foreign, so each
+    restart started over from step 0)."""
+    for step in (25, 50):
+        adapter = save_step(root, step) / "actor" / "lora_adapter"
+        adapter.mkdir()
+        (adapter / "adapter_config.json").write_text("{}")
+        (adapter / "adapter_model.safetensors").write_bytes(b"\0" * 64)
+    tracker(root).write_text("50")
+    lines = start(overrides_for(root, "actor_rollout_ref.model.lora_rank=32"))
+    assert not any("not this run's" in line for line in lines), lines
+    assert lines[0].startswith("checkpoints: verl resumes from global_step_50") and tracker(root).read_text() == "50"
+    assert (root / "global_step_25" / "actor" / "lora_adapter").is_dir()

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -316,3 +317,44 @@ def test_train_supervises_verl_without_torch_in_its_process(tmp_path: Path, fake
     assert json.loads(result.stdout.splitlines()[-1]) == {"code": 0, "torch": False}, result.stdout + result.stderr
     assert "training on 1 node(s) x 2 GPU(s) (2 GPU(s) visible here): 2 GPU(s)" in result.stderr
     assert [record.step for record in read_metrics(tmp_path / "checkpoints" / "run" / progress.METRICS_FILE)] == [1]
+
+
+def test_a_second_train_is_refused_at_once_under_compose_and_a_dead_console_still_holds(tmp_path: Path) -> None:
+    """A second `train` on a running experiment exits (exit 3) instead of holding with advice that would stop
+    the run going on; a halt whose console is a full disk (`2>/dev/full`) still holds instead of exiting 1 into
+    Docker's restart of the same failure."""
+    from verlbox.runtime.training.run_record import one_train
+
+    halt_file, experiment = tmp_path / "halted", tmp_path / "experiment"
+    preamble = (
+        "import sys\nfrom pathlib import Path\nfrom verlbox.runtime import commands\n"
+        "from verlbox.runtime.training import supervisor\n"
+        f"supervisor.HALT_FILE = Path({str(halt_file)!r})\n"
+    )
+    refused = preamble + (
+        "from verlbox.runtime.training.run_record import one_train\n"
+        f"def second(args):\n    with one_train(Path({str(experiment)!r}), print):\n        return 0\n"
+        "commands._train = second\nfrom verlbox.cli import main\nsys.exit(main(['train']))\n"
+    )
+    env = dict(os.environ, VERLBOX_ON_HALT="wait")
+    with one_train(experiment, print):  # the run going on
+        result = subprocess.run([sys.executable, "-c", refused], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3 and "another `train` runs this experiment" in result.stderr, result.stderr
+    assert "holding here" not in result.stderr and not halt_file.exists()
+    full = preamble + (
+        "def full(args):\n    raise OSError(28, 'No space left on device', '/data/gsm8k/train.parquet')\n"
+        "commands._train = full\nfrom verlbox.cli import main\nsys.exit(main(['train']))\n"
+    )
+    with open("/dev/full", "w") as dead:
+        process = subprocess.Popen([sys.executable, "-c", full], env=env, stderr=dead)
+        try:
+            for _ in range(100):  # the halt file is written as the hold starts
+                if halt_file.exists() or process.poll() is not None:
+                    break
+                time.sleep(0.1)
+            time.sleep(0.5)
+            assert process.poll() is None, "a dead console ended the hold"
+            assert halt_file.read_text().startswith("/data/gsm8k/train.parquet")
+        finally:
+            process.terminate()
+            process.wait(timeout=10)

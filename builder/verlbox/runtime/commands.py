@@ -44,8 +44,12 @@ def train(args: argparse.Namespace) -> int:
     (`docker compose run ... train KEY=VALUE`; `up` runs the file's fixed command): bad ones exit 2 at once."""
     from verlbox.runtime.training import supervisor
     from verlbox.runtime.training.overrides import OverrideError
+    from verlbox.runtime.training.progress import ConsoleGuard
+    from verlbox.runtime.training.run_record import AlreadyRunning
 
     waits = supervisor.holds(os.environ)
+    # a console gone (EIO, a full disk under `2> file`) must not turn a hold into exit 1 and Docker's restart
+    say = ConsoleGuard().guarding(lambda text: err.print(text, markup=False))
     supervisor.clear_halt()
     try:
         return _train(args)
@@ -53,13 +57,13 @@ def train(args: argparse.Namespace) -> int:
         failure = VerlboxError(f"{exc.filename or 'a file'}: {exc.strerror or exc}")
         if not waits:
             raise failure from None
-        err.print(f"verlbox: error: {failure}", markup=False)
-        return supervisor.hold(failure.exit_code, str(failure), lambda text: err.print(text, markup=False))
+        say(f"verlbox: error: {failure}")
+        return supervisor.hold(failure.exit_code, str(failure), say)
     except VerlboxError as exc:
-        if not waits or (args.overrides and isinstance(exc, OverrideError)):
+        if not waits or isinstance(exc, AlreadyRunning) or (args.overrides and isinstance(exc, OverrideError)):
             raise
-        err.print(f"verlbox: error: {exc}", markup=False)
-        return supervisor.hold(exc.exit_code, str(exc), lambda text: err.print(text, markup=False))
+        say(f"verlbox: error: {exc}")
+        return supervisor.hold(exc.exit_code, str(exc), say)
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -62,7 +62,7 @@ SHARD_FILE = re.compile(r"(model|optim|extra_state)_world_size_([1-9][0-9]*)_ran
 # files (fsdp_checkpoint_manager.py, save_checkpoint): name -> a folder (True) or a file (False)
 ROLE_FOLDERS = ("actor", "critic")
 STEP_ENTRIES = {**dict.fromkeys(ROLE_FOLDERS, True), DATALOADER_FILE: False}
-ROLE_ENTRIES = {"huggingface": True, "fsdp_config.json": False}
+ROLE_ENTRIES = {"huggingface": True, "fsdp_config.json": False, "lora_adapter": True}  # lora_rank > 0: the adapter
 # verl's default for both roles (ppo_trainer.yaml: checkpoint.save_contents; load_contents follows it)
 DEFAULT_CONTENTS = ("model", "optimizer", "extra")
 SKIP_DISK_CHECK = "VERLBOX_SKIP_DISK_CHECK"

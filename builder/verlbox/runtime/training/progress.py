@@ -190,7 +190,8 @@ class FileSink:
             self._close()
             if not self.failing:
                 self.failing = True
-                self.say(f"verlbox: cannot write {self.path} ({exc.strerror or exc}); trying again at each line")
+                why = getattr(exc, "strerror", None) or exc
+                self.say(f"verlbox: cannot write {self.path} ({why}); trying again at each line")
             return
         if self.failing:
             self.failing = False

@@ -171,13 +171,18 @@ def one_train(folder: Path | None, say: Callable[[str], None]) -> Iterator[None]
         os.close(fd)
 
 
+class AlreadyRunning(PreflightFailed):
+    """Another `train` runs this experiment: refused at once, never held (the advice a hold gives, to recreate or
+    stop the service, would end the run that is going on)."""
+
+
 def _take(fd: int, folder: Path, say: Callable[[str], None]) -> None:
     """Lock FD's file for this process and write who holds it, for the refusal of the next one."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "one that is just starting"
-        raise PreflightFailed(
+        raise AlreadyRunning(
             f"{folder}: another `train` runs this experiment ({holder}); one `train` per experiment folder: wait "
             "for it or stop it (`docker compose stop train`), or start this one as another experiment "
             "(VERLBOX_EXPERIMENT)"

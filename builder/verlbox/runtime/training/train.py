@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -325,36 +326,39 @@ def train(
     address = environ.get("RAY_ADDRESS")
     if address:
         cluster.connect(address)
-    try:
-        topology = resolve_topology(gpus_per_node, nodes, user_overrides, environ, console)
-        plan = TrainingPlan(spec, environ, topology, profile)
-        overrides = verified_overrides(plan, user_overrides)
-        console.print(f"training on {topology.describe()}: {topology.world_size} GPU(s)")
-        if dry_run:
-            width = override_value(overrides, prompt_lengths.KEY)
-            if width and override_value(user_overrides, prompt_lengths.KEY) is None:
-                say(f"{prompt_lengths.KEY}={width} at most: at start it is lowered to the data's longest prompt")
-            checkpoints.check_resume(overrides, plan.profile.name, environ, say, dry_run=True)
-            checkpoints.prepare(overrides, environ, say, dry_run=True)
-            print_dry_run(plan, overrides, environ, gpu_memory_gib)
-            return 0
-        for warning in preflight.dead_variables(environ):
-            console.print(f"note: {warning}")
-        facts = None if address else local_gpu_facts(gpu_memory_gib)
-        checks = (
-            run_cluster_preflight(plan, overrides, environ, gpu_memory_gib, console)
-            if facts is None
-            else run_preflight(plan, overrides, environ, facts, console)
-        )
-    finally:
-        if address:
-            cluster.disconnect()
-    failed = [check for check in checks if not check.ok]
-    if failed:
-        raise PreflightFailed("\n".join(f"preflight {check.name}: {check.detail}" for check in failed))
-    overrides = fit_prompt_length(overrides, user_overrides, say)
-    folder = checkpoints.Settings.from_overrides(overrides).local_folder
-    with run_record.one_train(folder, say):  # a second `train` on this experiment is refused, naming this one
+    with contextlib.ExitStack() as experiment:
+        try:
+            topology = resolve_topology(gpus_per_node, nodes, user_overrides, environ, console)
+            plan = TrainingPlan(spec, environ, topology, profile)
+            overrides = verified_overrides(plan, user_overrides)
+            console.print(f"training on {topology.describe()}: {topology.world_size} GPU(s)")
+            if dry_run:
+                width = override_value(overrides, prompt_lengths.KEY)
+                if width and override_value(user_overrides, prompt_lengths.KEY) is None:
+                    say(f"{prompt_lengths.KEY}={width} at most: at start it is lowered to the data's longest prompt")
+                checkpoints.check_resume(overrides, plan.profile.name, environ, say, dry_run=True)
+                checkpoints.prepare(overrides, environ, say, dry_run=True)
+                print_dry_run(plan, overrides, environ, gpu_memory_gib)
+                return 0
+            # a second `train` on this experiment is refused, naming the first, before its GPU probe touches the
+            # first's GPUs (the folder is verl's default_local_dir, which the prompt-width fit leaves as it is)
+            folder = checkpoints.Settings.from_overrides(overrides).local_folder
+            experiment.enter_context(run_record.one_train(folder, say))
+            for warning in preflight.dead_variables(environ):
+                console.print(f"note: {warning}")
+            facts = None if address else local_gpu_facts(gpu_memory_gib)
+            checks = (
+                run_cluster_preflight(plan, overrides, environ, gpu_memory_gib, console)
+                if facts is None
+                else run_preflight(plan, overrides, environ, facts, console)
+            )
+        finally:
+            if address:
+                cluster.disconnect()
+        failed = [check for check in checks if not check.ok]
+        if failed:
+            raise PreflightFailed("\n".join(f"preflight {check.name}: {check.detail}" for check in failed))
+        overrides = fit_prompt_length(overrides, user_overrides, say)
         passed = f"preflight: {len(checks)} checks passed ({checks[0].detail})"
         return supervised_run(plan, overrides, environ, facts, gpu_memory_gib, console, policy, passed, say)
 
@@ -378,8 +382,8 @@ def supervised_run(
     console.print(f"{passed}; starting verl: {plan.profile.description}")
     folder = checkpoints.Settings.from_overrides(overrides).local_folder
     watch = run_watch(folder, overrides, environ, facts, console)
-    if watch:  # from here a dead console must end neither the reader nor the supervisor (its restarts say lines)
-        say = watch.console.guarding(say)
+    # from here a dead console must end neither the reader nor the supervisor (its restarts say lines)
+    say = (watch.console if watch else progress.ConsoleGuard()).guarding(say)
     log = run_record.RunLog(folder, new_run(plan, overrides, environ, facts, gpu_memory_gib), say) if folder else None
 
     def before_restart(after: str, from_step: int | None) -> None:
