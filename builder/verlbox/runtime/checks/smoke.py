@@ -23,7 +23,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from verlbox.runtime.checks import learn
+from verlbox.runtime.checks import learn, rollout
 from verlbox.runtime.checks.fixtures import make_gsm8k_jsonl, make_model, make_tokenizer
 from verlbox.runtime.gpu import has_code_for
 from verlbox.runtime.steps.apex_build import SOURCE_RECORD, fatbin_architectures
@@ -490,6 +490,10 @@ def check_padding_trim(ctx: SmokeContext) -> str:
     return f"{cut}; largest differences: {said} (the gradient's relative)"
 
 
+def check_rollout_positions(ctx: SmokeContext) -> str:
+    return rollout.check_rollout_positions(ctx.model_dir)
+
+
 def check_dry_run(ctx: SmokeContext) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "verlbox.cli", "train", "--dry-run"],
@@ -543,6 +547,11 @@ def check_fp32_matmul(ctx: SmokeContext) -> str:
     if not error < 1e-4:
         raise AssertionError(f"fp32 matmul relative error {error:.2e}")
     return f"1024x1024 fp32 matmul on {torch.cuda.get_device_name()}: max relative error {error:.1e}"
+
+
+def check_graph_decode(ctx: SmokeContext) -> str:
+    _gpu_facts()
+    return rollout.check_graph_decode(ctx.model_dir)
 
 
 def check_apex(ctx: SmokeContext) -> str:
@@ -645,12 +654,14 @@ def check_ppo_two_steps(ctx: SmokeContext) -> str:
 
 
 def check_grpo_two_steps(ctx: SmokeContext) -> str:
-    # 2 prompts x 2 answers: the smallest group GRPO accepts; no critic, so one loss per step
+    # 2 prompts x 2 answers: the smallest group GRPO accepts; no critic, so one loss per step. The graph
+    # decode on, so verl's FSDP rollout runs it (its answers repeated per prompt) whatever the profile ships.
     overrides = [
         "data.train_batch_size=2",
         "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "+actor_rollout_ref.rollout.micro_batch_size=2",
+        "+actor_rollout_ref.rollout.graph_decode=True",
     ]
     return _two_steps(ctx, "grpo", overrides, losses_per_step=1)
 
@@ -717,6 +728,7 @@ CPU_CHECKS: list[tuple[str, Callable[[SmokeContext], str]]] = [
     ("prompt length fitted as verl counts", check_prompt_length_fit),
     ("actor log-prob + critic value (CPU)", check_actor_critic_cpu),
     ("padding trim keeps outputs (CPU)", check_padding_trim),
+    ("rollout decodes at scored positions (CPU)", check_rollout_positions),
     ("train --dry-run", check_dry_run),
 ]
 GPU_CHECKS: list[tuple[str, Callable[[SmokeContext], str]]] = [
@@ -725,6 +737,7 @@ GPU_CHECKS: list[tuple[str, Callable[[SmokeContext], str]]] = [
     ("driver", check_gpu_driver),
     ("fp32 matmul", check_fp32_matmul),
     ("Apex fused kernels", check_apex),
+    ("graph decode = generate (greedy)", check_graph_decode),
     ("2-step PPO (tiny model)", check_ppo_two_steps),
     ("2-step GRPO (tiny model)", check_grpo_two_steps),
 ]

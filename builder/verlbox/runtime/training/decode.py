@@ -1,0 +1,262 @@
+"""Decoding for verl's HF rollout: a static KV cache and one decode step captured in a CUDA graph.
+
+HF `generate` spends most of a small model's decode step launching kernels from Python. Here the
+cache is allocated once for the whole response (batch x (prompt + max_new_tokens)), the prompt is
+run eagerly, and one decode step (embedding to logits, every layer, the cache write) is captured
+in a `torch.cuda.CUDAGraph` and replayed for every token: no torch.compile, no Triton, so Pascal
+runs it. What happens between steps stays HF's own: the logits processors that `generate` would
+build from the same generation config (temperature, top-k, top-p and any the model's config adds),
+softmax and `torch.multinomial` (or argmax), EOS and pad handling.
+
+Positions advance with the response, as verl's log-prob pass computes them (transformers 4.51's
+`generate` kept a given `position_ids` at the last prompt position for every new token).
+
+Weights: under FSDP the caller holds every weight whole (`summon_full_params(recurse=True)`) and
+the decode runs the wrapped modules directly, so no collective runs between steps and each rank
+stops when its own rows have ended. The graph is captured once per call: the weights move between
+calls (parameter offload) and the cache is freed after, so nothing stays on the GPU for the update.
+
+Anything the graph cannot do (no CUDA, a bf16 autocast, a capture that fails) is one line and HF
+`generate`, so a rollout never fails for the sake of speed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, LogitsProcessorList, StaticCache
+
+log = logging.getLogger(__name__)
+
+# Rows that ended are checked this often, not every token: each check waits for the GPU, and
+# steps decoded after every row ended only append pad, which verl appends anyway.
+STOP_CHECK_EVERY = 8
+# warm-up passes before capture, on a side stream, as torch's CUDA graph notes ask
+WARMUP_STEPS = 2
+
+
+@dataclass(frozen=True)
+class Decoded:
+    sequences: torch.Tensor  # (rows, prompt + generated): the prompt, then the response padded with pad
+    graphed: bool  # the decode steps were replays of one captured graph
+    fallback: str | None  # why HF generate ran instead, or None
+
+
+@contextmanager
+def unwrapped(module: nn.Module) -> Iterator[nn.Module]:
+    """The model with every FSDP wrapper replaced by the module it wraps, for as long as the caller holds
+    the full weights; the wrappers are put back after, whatever happens."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    swapped: list[tuple[nn.Module, str, nn.Module]] = []
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, FSDP):
+                swapped.append((parent, name, child))
+                setattr(parent, name, child._fsdp_wrapped_module)
+    try:
+        yield module._fsdp_wrapped_module if isinstance(module, FSDP) else module
+    finally:
+        for parent, name, child in reversed(swapped):
+            setattr(parent, name, child)
+
+
+def generate_for(module: nn.Module) -> Callable[..., Decoded]:
+    """A stand-in for `module.generate` taking the keywords verl's HF rollout passes it."""
+    return functools.partial(generate, module)
+
+
+def generate(
+    module: nn.Module,
+    *,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    generation_config: GenerationConfig,
+    max_new_tokens: int,
+    eos_token_id: int | list[int],
+    pad_token_id: int,
+    do_sample: bool | None = None,
+    graphs: bool | None = None,
+    **ignored: object,  # verl's output_scores, return_dict_in_generate, use_cache: what this always does
+) -> Decoded:
+    """What `module.generate(...)` returns as `.sequences` for verl's left-padded prompts, decoded with a
+    static cache. `graphs` captures the decode step; by default where the prompts are on a CUDA device."""
+    settings = {"max_new_tokens": max_new_tokens, "eos_token_id": eos_token_id, "pad_token_id": pad_token_id}
+    if do_sample is not None:
+        settings["do_sample"] = do_sample
+    if graphs is None:
+        graphs = input_ids.device.type == "cuda"
+    with unwrapped(module) as model:
+        config, _ = model._prepare_generation_config(generation_config, **settings)
+        fallback = _unsupported(model, config, input_ids, graphs)
+        if fallback is not None:
+            log.warning("verlbox decode: %s; HF generate runs instead", fallback)
+            sequences = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=config,
+                return_dict_in_generate=True,
+                use_cache=True,
+            ).sequences
+            return Decoded(sequences, graphed=False, fallback=fallback)
+        rows = config.num_return_sequences or 1
+        if rows > 1:
+            input_ids = input_ids.repeat_interleave(rows, dim=0)
+            attention_mask = attention_mask.repeat_interleave(rows, dim=0)
+        return _static_decode(model, config, input_ids, attention_mask, graphs=graphs)
+
+
+def _unsupported(model: nn.Module, config: GenerationConfig, input_ids: torch.Tensor, graphs: bool) -> str | None:
+    if (config.num_beams or 1) > 1:
+        return "beam search is not decoded here"
+    if not getattr(model, "_supports_static_cache", False):
+        return f"{type(model).__name__} has no static KV cache in this transformers"
+    device = input_ids.device
+    if graphs and device.type != "cuda":
+        return f"CUDA graphs need a CUDA device, the prompts are on {device.type}"
+    if torch.is_autocast_enabled(device.type):
+        return "the rollout runs under an autocast (a bf16 rollout dtype); the graph decode runs in the weights' dtype"
+    return None
+
+
+def _static_decode(
+    model: nn.Module,
+    config: GenerationConfig,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    graphs: bool,
+) -> Decoded:
+    device = input_ids.device
+    rows, prompt_width = input_ids.shape
+    new_tokens = config.max_new_tokens
+    width = prompt_width + new_tokens
+    model._prepare_special_tokens(config, True, device=device)
+    processors = model._get_logits_processor(
+        generation_config=config,
+        input_ids_seq_length=prompt_width,
+        encoder_input_ids=input_ids,
+        prefix_allowed_tokens_fn=None,
+        logits_processor=LogitsProcessorList(),
+        device=device,
+        model_kwargs={"attention_mask": attention_mask},
+    )
+    eos = config._eos_token_tensor if config._eos_token_tensor is not None else input_ids.new_empty(0)
+    pad = config._pad_token_tensor if config._pad_token_tensor is not None else eos[0]
+
+    sequences = torch.full((rows, width), int(pad), dtype=input_ids.dtype, device=device)
+    sequences[:, :prompt_width] = input_ids
+    # the mask of the whole response: every generated column counts, the causal mask hides the future
+    full_mask = torch.ones((rows, width), dtype=attention_mask.dtype, device=device)
+    full_mask[:, :prompt_width] = attention_mask
+    real_prompt_tokens = attention_mask.sum(-1, keepdim=True).to(torch.long)
+    prompt_positions = (attention_mask.cumsum(-1) - 1).clamp(min=0).to(torch.long)
+
+    cache = StaticCache(config=model.config, max_batch_size=rows, max_cache_len=width, device=device, dtype=model.dtype)
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=full_mask,
+        position_ids=prompt_positions,
+        past_key_values=cache,
+        cache_position=torch.arange(prompt_width, device=device),
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1, :]
+
+    step = _DecodeStep(model, cache, full_mask, rows, device)
+    unfinished = torch.ones(rows, dtype=torch.bool, device=device)
+    graphed = False
+    for generated in range(new_tokens):
+        column = prompt_width + generated
+        token = _choose(processors, sequences[:, :column], logits, config.do_sample)
+        token = torch.where(unfinished, token, pad)
+        sequences[:, column] = token
+        unfinished &= ~torch.isin(token, eos)
+        if generated + 1 == new_tokens:
+            break
+        if (generated + 1) % STOP_CHECK_EVERY == 0 and not bool(unfinished.any()):
+            break
+        step.feed(token, real_prompt_tokens + generated, column)
+        if graphs and not step.captured and step.capture_failed is None:
+            logits = step.run_and_capture()
+            graphed = step.captured
+        else:
+            logits = step.run()
+    if step.capture_failed is not None:
+        log.warning("verlbox decode: the decode step could not be captured (%s); it ran eagerly", step.capture_failed)
+    return Decoded(sequences, graphed=graphed, fallback=None)
+
+
+def _choose(
+    processors: LogitsProcessorList, sequences: torch.Tensor, logits: torch.Tensor, sample: bool
+) -> torch.Tensor:
+    # as HF's _sample: the processors see fp32 scores and every token so far
+    scores = processors(sequences, logits.to(dtype=torch.float32, copy=True))
+    if sample:
+        return torch.multinomial(nn.functional.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+    return torch.argmax(scores, dim=-1)
+
+
+class _DecodeStep:
+    """One token for every row, from static inputs the loop fills in place, so a captured graph
+    replays it with the next token."""
+
+    def __init__(self, model: nn.Module, cache: StaticCache, mask: torch.Tensor, rows: int, device: torch.device):
+        self.model, self.cache, self.mask = model, cache, mask
+        self.token = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        self.position = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        self.cache_position = torch.zeros(1, dtype=torch.long, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph_logits: torch.Tensor | None = None
+        self.capture_failed: str | None = None
+
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None
+
+    def feed(self, token: torch.Tensor, position: torch.Tensor, cache_position: int) -> None:
+        self.token.copy_(token.view(-1, 1))
+        self.position.copy_(position)
+        self.cache_position.fill_(cache_position)
+
+    def _forward(self) -> torch.Tensor:
+        return self.model(
+            input_ids=self.token,
+            attention_mask=self.mask,
+            position_ids=self.position,
+            past_key_values=self.cache,
+            cache_position=self.cache_position,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1, :]
+
+    def run(self) -> torch.Tensor:
+        if self.graph is None:
+            return self._forward()
+        self.graph.replay()
+        return self.graph_logits
+
+    def run_and_capture(self) -> torch.Tensor:
+        """This step eagerly on a side stream (the warm-up; it writes the same cache entries each time),
+        then captured: capturing runs nothing, so the cache holds exactly this step."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS):
+                logits = self._forward()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                graph_logits = self._forward()
+        except RuntimeError as exc:
+            self.capture_failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return logits
+        self.graph, self.graph_logits = graph, graph_logits
+        return logits
