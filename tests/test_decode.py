@@ -7,7 +7,6 @@ import json
 import re
 
 import pytest
-
 from tests.conftest import docker
 
 IN_IMAGE = r"""
@@ -33,7 +32,8 @@ def hf(**settings):
 def ours(config, module=model, **settings):
     with torch.no_grad():
         return decode.generate_for(module)(input_ids=ids, attention_mask=mask, generation_config=config,
-            max_new_tokens=T, pad_token_id=0, output_scores=False, return_dict_in_generate=True, use_cache=True, **settings)
+            max_new_tokens=T, pad_token_id=0, output_scores=False, return_dict_in_generate=True, use_cache=True,
+            **settings)
 
 def same(expected, got):
     width = max(expected.size(1), got.size(1))
@@ -114,7 +114,7 @@ def test_greedy_static_decode_gives_generates_tokens(decoded: dict) -> None:
 @pytest.mark.slow
 def test_rows_end_at_their_own_eos_and_are_padded_after(decoded: dict) -> None:
     eos = decoded["eos"]
-    assert eos["same"] and eos["pad_after_eos"] and 1 <= eos["rows_ended"], eos
+    assert eos["same"] and eos["pad_after_eos"] and eos["rows_ended"] >= 1, eos
 
 
 @pytest.mark.docker

@@ -253,6 +253,15 @@ def is_complete(step_folder: Path, load_contents: dict[str, tuple[str, ...]]) ->
     return sizes is None or bool(sizes)
 
 
+def save_written(step_folder: Path, load_contents: dict[str, tuple[str, ...]]) -> bool:
+    """verl has finished writing STEP_FOLDER: it writes the tracker last, naming this step, and the folder is
+    complete. What the disk says, whichever loggers print the step's line."""
+    match = STEP_FOLDER.fullmatch(step_folder.name)
+    if match is None or read_tracker(step_folder.parent) != int(match[1]):
+        return False
+    return is_complete(step_folder, load_contents)
+
+
 def saved_world_sizes(step_folder: Path, load_contents: dict[str, tuple[str, ...]]) -> set[int] | None:
     """The world sizes W for which every role holds every rank's files; None: nothing is loaded from the roles."""
     common: set[int] | None = None

@@ -349,13 +349,22 @@ class RunWatch:
     files), and the reading itself, which always drains verl's pipe (verl blocks on a full one). Save detection
     needs none."""
 
-    def __init__(self, folder: Path | None, progress: Progress, show: Callable[[Text | str], None]) -> None:
+    def __init__(
+        self,
+        folder: Path | None,
+        progress: Progress,
+        show: Callable[[Text | str], None],
+        save_written: Callable[[Path], bool] = lambda step_folder: False,
+    ) -> None:
         """FOLDER None: plain (VERLBOX_PROGRESS=plain): verl's lines shown as they are, no files, and the
-        save still seen, so that a stop during a save is still held."""
+        save still seen, so that a stop during a save is still held. SAVE_WRITTEN: whether verl has finished
+        writing a step folder, read from the disk (the save ends there, whatever verl's loggers print)."""
         self.folder = folder
         self.progress = progress
         self.show = show
         self._saving = threading.Event()
+        self._save_written = save_written
+        self._saving_into: Path | None = None
         self._attempt = 0
         self._log = FileSink(folder / LOG_FILE, self._say) if folder else None
         self._metrics = FileSink(folder / METRICS_FILE, self._say) if folder else None
@@ -363,8 +372,15 @@ class RunWatch:
 
     @property
     def saving(self) -> bool:
-        """verl is writing a checkpoint (its save began and its step's line has not come yet)."""
-        return self._saving.is_set()
+        """verl is writing a checkpoint: its save began, and neither is it written on disk (the tracker names
+        it, its files are whole) nor has its step's line come."""
+        if not self._saving.is_set():
+            return False
+        into = self._saving_into
+        if into is not None and self._save_written(into):
+            self._saving.clear()
+            return False
+        return True
 
     @property
     def console_failed(self) -> str | None:
@@ -414,8 +430,8 @@ class RunWatch:
 
     def take(self, line: str, attempt: int) -> None:
         if self._metrics is None:  # plain: the save marker is all that is read
-            if plain(line).startswith(SAVE_STARTS):
-                self._saving.set()
+            if (text := plain(line)).startswith(SAVE_STARTS):
+                self._save_began(text)
             elif parse_step(line) is not None:
                 self._saving.clear()
             self._say(line)
@@ -431,9 +447,14 @@ class RunWatch:
         if total := TOTAL_LINE.search(text):
             self.progress.total_steps = int(total.group(1))
         if text.startswith(SAVE_STARTS):
-            self._saving.set()
+            self._save_began(text)
         if TQDM_BAR not in text:
             self._say(line)
+
+    def _save_began(self, text: str) -> None:
+        # verl names the folder as it joins it, relative to its working directory, which is train's
+        self._saving_into = Path(text.removeprefix(SAVE_STARTS).strip()).absolute()
+        self._saving.set()
 
     def _record(self, step: int, metrics: dict[str, float], attempt: int) -> None:
         entry = {"step": step, "at": now(), "attempt": attempt, "metrics": metrics}

@@ -461,7 +461,18 @@ def run_watch(
             "critic": override_int(overrides, "critic.ppo_epochs", 1),
         },
     )
-    return progress.RunWatch(None if plain_mode else folder, steps, show)
+    load_contents = checkpoints.Settings.from_overrides(overrides).load_contents
+    if "console" not in (override_value(overrides, "trainer.logger") or "console"):
+        console.print(
+            "trainer.logger has no console: verl prints no step lines, so there is no compact line and no "
+            "metrics.jsonl (its loggers keep the figures); saves and stops work as with it"
+        )
+    return progress.RunWatch(
+        None if plain_mode else folder,
+        steps,
+        show,
+        save_written=lambda step_folder: checkpoints.save_written(step_folder, load_contents),
+    )
 
 
 def new_run(
