@@ -13,6 +13,10 @@ settings they shipped with before issue 31 (BEFORE_ISSUE_31), for a before/after
 
 `profile-grpo` is `profile` with the GRPO profile (validation, saves, crashes and the resume as for PPO).
 
+Prompts: synthetic GSM8K rows whose question lengths follow the real GSM8K's (checks/fixtures.py,
+GSM8K_QUESTION_WORDS; --data-seed picks the draw), or `--data DIR`, a folder `verlbox prepare-data` made
+(train.parquet, validation.parquet), e.g. from openai/grade-school-math's jsonl. Every summary says which.
+
 Issue 17's restarts: `--crash-after-checkpoint 2 --crash-after-checkpoint 4` interrupts verl (not
 verlbox) once step 2, then step 4, is saved, so verlbox's supervisor restarts it and it resumes; a
 `refuse` run then asks for another batch (32) over the same checkpoints and must be refused (exit 3)
@@ -34,7 +38,7 @@ import time
 from pathlib import Path
 
 from verlbox.runtime.checks.fixtures import make_gsm8k_jsonl, make_model
-from verlbox.runtime.training.data import prepare_gsm8k
+from verlbox.runtime.training.data import parquet_rows, prepare_gsm8k
 from verlbox.runtime.training.overrides import override_value
 from verlbox.runtime.training.profile import load_profile
 from verlbox.runtime.training.run_record import RUN_FILE, read_runs
@@ -82,14 +86,34 @@ PHASES = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor
 _STEP = re.compile(r"step:(\d+) - (.*)$")
 
 
-def prepare(workdir: Path, validation_rows: int) -> tuple[Path, Path]:
-    model, data = workdir / "qwen2.5-0.5b-random", workdir / "gsm8k"
+# the synthetic data's size: a train split to draw batches from, a test split for validation
+SYNTHETIC_ROWS = {"train": 2048, "test": 256}
+# the parquet files a --data folder must hold for `verlbox train`
+DATA_FILES = ("train.parquet", "validation.parquet")
+
+
+def prepare(
+    workdir: Path, validation_rows: int = 256, data: Path | None = None, seed: int = 0
+) -> tuple[Path, Path, str]:
+    """The random model, the GSM8K parquet folder and a line saying which prompts it holds: DATA as given,
+    else synthetic rows with GSM8K's question lengths drawn with SEED (written again each time: the same
+    bytes, so a folder from an older bench, or another seed, is never taken for this one)."""
+    model = workdir / "qwen2.5-0.5b-random"
     if not (model / "config.json").is_file():
         make_model(model, "qwen2.5-0.5b")
-    if not (data / "train.parquet").is_file():
-        raw = make_gsm8k_jsonl(workdir / "gsm8k-raw", train_rows=2048, test_rows=256)
-        prepare_gsm8k(raw, data, validation_size=validation_rows)
-    return model, data
+    if data is not None:
+        data = data.resolve()  # train runs verl from its own folder
+        missing = [name for name in DATA_FILES if not (data / name).is_file()]
+        if missing:
+            raise SystemExit(f"--data {data}: no {', '.join(missing)} (make the folder with `verlbox prepare-data`)")
+        return model, data, f"GSM8K parquet folder {data} ({parquet_rows(data / 'train.parquet')} train rows)"
+    folder = workdir / f"gsm8k-lengths-seed{seed}"
+    raw = make_gsm8k_jsonl(
+        workdir / f"gsm8k-lengths-seed{seed}-raw", SYNTHETIC_ROWS["train"], SYNTHETIC_ROWS["test"], seed, "gsm8k"
+    )
+    prepare_gsm8k(raw, folder, validation_size=validation_rows)
+    said = f"synthetic GSM8K-length rows ({SYNTHETIC_ROWS['train']} train, {validation_rows} validation, seed {seed})"
+    return model, folder, said
 
 
 def disk_state(checkpoint_dir: Path) -> dict[str, object]:
@@ -254,12 +278,15 @@ def main() -> int:
     )
     parser.add_argument("--save-freq", type=int, default=20)
     parser.add_argument("--test-freq", type=int, default=-1)
-    parser.add_argument("--validation-rows", type=int, default=256)
+    parser.add_argument("--validation-rows", type=int, default=256, help="synthetic data: test rows validated")
+    parser.add_argument("--data", type=Path, help="a prepared GSM8K folder to train on instead of synthetic rows")
+    parser.add_argument("--data-seed", type=int, default=0, help="synthetic data: the draw of question lengths")
     parser.add_argument("--budget-s", type=float, default=540, help="stop everything after this many seconds")
     args = parser.parse_args()
     deadline = time.monotonic() + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
-    model, data = prepare(args.workdir, args.validation_rows)
+    model, data, prompts = prepare(args.workdir, args.validation_rows, args.data, args.data_seed)
+    print(f"prompts: {prompts}", flush=True)
     checkpoints = args.workdir / "checkpoints"
     env = os.environ | {
         "VERLBOX_MODEL_DIR": str(model),
@@ -302,6 +329,7 @@ def main() -> int:
         run_env = env | {"VERLBOX_EXPERIMENT": experiment} | (PLAIN["env"] if name == "plain" else {})
         summary = run(name, overrides, run_env, log, kill, crashes, checkpoints / experiment, until, profile)
         summary["extra"] = extras
+        summary["prompts"] = prompts
         if name == "refuse":
             summary["said"] = log.read_text().strip().splitlines()[-3:]
         if name == "resume":

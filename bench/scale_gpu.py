@@ -15,6 +15,9 @@ nodes: a head with GPU 0 and a worker with GPU 1; first a Ray job with train's e
 task on each node to allocate 25 GiB (refused under the 24 GiB cap; then again without the job config,
 where it must succeed), then `train --nodes 2` (batch 32, 64-token responses), SIGKILLed once step 5 is
 saved, then restarted to resume up to step 10.
+
+Prompts as in ppo_gpu.py: synthetic rows with GSM8K's question lengths (--data-seed), or --data DIR (a
+prepared GSM8K folder); each summary says which.
 """
 
 from __future__ import annotations
@@ -272,6 +275,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5, help="steps of each throughput run")
     parser.add_argument("--budget-s", type=float, action="append", help="per phase, in --phase order")
     parser.add_argument("--gpu-memory-gib", default="24")
+    parser.add_argument("--data", type=Path, help="a prepared GSM8K folder to train on instead of synthetic rows")
+    parser.add_argument("--data-seed", type=int, default=0, help="synthetic data: the draw of question lengths")
     parser.add_argument("--skip-steps", type=int, default=SKIP_STEPS, help="warm-up steps left out of the medians")
     parser.add_argument(
         "--cap-in-nodes", action="store_true", help="also put the cap in the Ray nodes' environment (the old way)"
@@ -279,7 +284,8 @@ def main() -> int:
     args = parser.parse_args()
     SKIP_STEPS = args.skip_steps
     args.out.mkdir(parents=True, exist_ok=True)
-    model, data = prepare(args.workdir)
+    model, data, prompts = prepare(args.workdir, data=args.data, seed=args.data_seed)
+    print(f"prompts: {prompts}", flush=True)
     spec = args.workdir / "image-spec.json"
     spec.write_text(load_recipe("p40-cu124").image_spec().model_dump_json())
     checkpoints = args.workdir / "checkpoints"
@@ -312,6 +318,8 @@ def main() -> int:
                 summaries += phase_nodes(env, args.out, checkpoints, budget, float(args.gpu_memory_gib))
         finally:
             ray("stop", "--force", env=base)
+        for summary in summaries[before:]:
+            summary["prompts"] = prompts
         # after every phase: a call cut short still brings back what finished
         (args.out / "summary.json").write_text(json.dumps(summaries, indent=2))
         brief = [{k: v for k, v in s.items() if k != "environments"} for s in summaries[before:]]

@@ -118,3 +118,46 @@ def test_each_update_epoch_counts_and_unusable_counts_give_no_figure() -> None:
     for broken in ({utilization.TOTAL_TOKENS: float("nan")}, {utilization.PROMPT_LENGTH: float("inf")}):
         assert utilization.step_utilization(QWEN, metrics | broken, 1, "Tesla P40") == {}
     assert utilization.step_utilization(QWEN, metrics | {"timing_s/step": float("nan")}, 1, "Tesla P40") == {}
+
+
+def test_the_rollout_s_tokens_per_second_are_the_batch_s_response_tokens_over_the_gen_phase() -> None:
+    """verl's recorded step 1: 16 responses of 256 tokens behind 36-token prompts (4,672 real tokens), gen
+    8.619 s, so 4,096 generated tokens in 8.619 s; verl's own ms per response token says the same."""
+    rate = utilization.generation_tokens_per_second
+    metrics = step_metrics(4_672, 36, 256, 17.993) | {"timing_s/gen": 8.619, "timing_per_token_ms/gen": 2.104}
+    assert utilization.generated_tokens(metrics) == pytest.approx(4_096)
+    assert rate(metrics) == pytest.approx(4_096 / 8.619)
+    assert rate(metrics) == pytest.approx(1000 / 2.104, rel=1e-3)
+    # GRPO's rollout.n: 8 answers to each of 4 prompts are 32 rows in verl's batch and its token count
+    grpo = step_metrics(32 * (90 + 200), 90, 200, 20.0) | {"timing_s/gen": 4.0}
+    assert rate(grpo) == pytest.approx(32 * 200 / 4.0)
+    # without usable token counts, verl's rounded ms per token; without a gen phase, nothing
+    assert rate(metrics | {utilization.TOTAL_TOKENS: float("nan")}) == pytest.approx(1000 / 2.104)
+    assert rate({"timing_per_token_ms/gen": 2.0}) == 500.0
+    assert rate(step_metrics(4_672, 36, 256, 17.993)) is None
+    assert rate(metrics | {"timing_s/gen": 0.0, "timing_per_token_ms/gen": 0.0}) is None
+
+
+def test_the_line_carries_the_generation_rate_beside_the_tflops_or_alone() -> None:
+    metrics = step_metrics(4_672, 36, 256, 17.993) | {"timing_s/gen": 8.619}
+    assert utilization.describe(metrics) == "gen 475 tok/s"
+    rated = metrics | {TFLOPS_PER_GPU: 8.26, PEAK_SHARE: 0.123}
+    assert utilization.describe(rated) == "8.3 TFLOP/s (12% of fp32 peak)  gen 475 tok/s"
+    assert utilization.describe({}) is None
+
+
+def test_every_recorded_step_shows_its_generation_rate(tmp_path) -> None:
+    """The recorded console's compact lines: each training step's generated tokens/s from its own metrics."""
+    shown: list[str] = []
+    watch = RunWatch(tmp_path, Progress(16, 24), lambda t: shown.append(str(t)))
+    for line in recorded_lines():
+        watch.take(line, attempt=1)
+    steps = [(number, s) for number, s in recorded_steps() if "timing_s/gen" in s]
+    assert steps
+    for number, metrics in steps:
+        prompt, response = metrics[utilization.PROMPT_LENGTH], metrics[utilization.RESPONSE_LENGTH]
+        generated = metrics[utilization.TOTAL_TOKENS] * response / (prompt + response)
+        rate = generated / metrics["timing_s/gen"]
+        assert rate == pytest.approx(1000 / metrics["timing_per_token_ms/gen"], rel=1e-3)
+        line = next(text for text in shown if text.startswith(f"step {number}/"))
+        assert f"gen {rate:.0f} tok/s" in line

@@ -5,9 +5,12 @@ No hub is reachable from CI or the GPU machine, so smoke checks, tests and bench
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 # Qwen2.5's chat template, reduced to what verl's GSM8K prompts use.
 CHAT_TEMPLATE = (
@@ -145,16 +148,84 @@ def make_model(directory: Path, shape: str = "tiny", seed: int = 0) -> Path:
     return directory
 
 
-def make_gsm8k_jsonl(directory: Path, train_rows: int = 8, test_rows: int = 4, seed: int = 0) -> Path:
-    """GSM8K-shaped question/answer rows (thousands separators included) as train.jsonl and test.jsonl."""
+# GSM8K's question lengths in words (whitespace split) as (quantile, words) knots of the inverse CDF, per
+# split, measured on openai/grade-school-math's jsonl: train (7473 rows: mean 45.1, median 42, p90 69, p99
+# 100, max 183) and test (1319 rows: mean 46.3, median 43, p90 70, p99 102, max 164). The ends are the real
+# shortest and longest questions (9 and 15 words: no floor is invented); the knots between (p1, p5, p10,
+# p25, p75, p95, p99.9) are the same files' too, since the lower half is no straight line from the
+# shortest. Straight lines between knots overshoot a right-skewed tail a little: samples average 45.8 and
+# 46.6 words, against the real 45.1 and 46.3.
+GSM8K_QUESTION_WORDS: dict[str, tuple[tuple[float, float], ...]] = {
+    "train": (
+        (0.0, 9), (0.01, 19), (0.05, 23), (0.1, 27), (0.25, 33), (0.5, 42),
+        (0.75, 54), (0.9, 69), (0.95, 79), (0.99, 100), (0.999, 132), (1.0, 183),
+    ),
+    "test": (
+        (0.0, 15), (0.01, 19), (0.05, 24), (0.1, 27), (0.25, 33), (0.5, 43),
+        (0.75, 55), (0.9, 70), (0.95, 82), (0.99, 102), (0.999, 129), (1.0, 164),
+    ),
+}  # fmt: skip
+# "uniform": every question the same 19 words (what smoke checks and older figures used);
+# "gsm8k": question lengths drawn from GSM8K_QUESTION_WORDS, for figures that should hold for GSM8K
+QuestionLengths = Literal["uniform", "gsm8k"]
+# a question of any length ends with this (7 words, the answer's operands), so it fits GSM8K's shortest
+QUESTION_END = "How many is {a} + {b} ?"
+# the words before QUESTION_END, repeated as far as a question's length needs
+QUESTION_STORY = "Natalia sold clips to friends in April and then half as many clips in May ."
+
+
+def words_at(knots: Sequence[tuple[float, float]], quantile: float) -> int:
+    """The inverse CDF through KNOTS at QUANTILE (0..1): straight between knots, rounded to whole words."""
+    for (low_q, low_words), (high_q, high_words) in itertools.pairwise(knots):
+        if quantile <= high_q:
+            share = (quantile - low_q) / (high_q - low_q)
+            return round(low_words + share * (high_words - low_words))
+    return round(knots[-1][1])
+
+
+def sample_question_words(split: str, count: int, rng: random.Random) -> list[int]:
+    """COUNT question lengths in words following GSM8K's SPLIT ("train" or "test"), in shuffled order.
+
+    Stratified: one draw from each of COUNT equal slices of the quantiles, so a few hundred rows already hold
+    the real quantiles, not just a few thousand. The top slice gives the split's longest question itself:
+    verl pads every prompt to data.max_prompt_length, which train lowers to the data's longest prompt, so
+    the longest question sets every rollout's width as it does on the real data."""
+    knots = GSM8K_QUESTION_WORDS[split]
+    quantiles = [(index + rng.random()) / count for index in range(count - 1)] + ([1.0] if count else [])
+    lengths = [words_at(knots, quantile) for quantile in quantiles]
+    rng.shuffle(lengths)
+    return lengths
+
+
+def gsm8k_question(words: int | None, a: int, b: int) -> str:
+    """A question about A + B: the 19-word one when WORDS is None, else one of WORDS words (7 at least)."""
+    if words is None:
+        return f"Natalia sold {a} clips in April and {b} clips in May . How many did she sell altogether ?"
+    end, story_words = QUESTION_END.format(a=a, b=b).split(), QUESTION_STORY.split()
+    story = [story_words[index % len(story_words)] for index in range(max(0, words - len(end)))]
+    return " ".join(story + end)
+
+
+def make_gsm8k_jsonl(
+    directory: Path,
+    train_rows: int = 8,
+    test_rows: int = 4,
+    seed: int = 0,
+    lengths: QuestionLengths = "uniform",
+) -> Path:
+    """GSM8K-shaped question/answer rows (thousands separators included) as train.jsonl and test.jsonl.
+
+    LENGTHS "gsm8k" gives each split's questions GSM8K's real length distribution (sample_question_words);
+    "uniform" (the default, which smoke checks use) gives every question the same 19 words. The same
+    arguments always write the same bytes."""
     rng = random.Random(seed)
     directory.mkdir(parents=True, exist_ok=True)
     for split, count in (("train", train_rows), ("test", test_rows)):
+        words = sample_question_words(split, count, rng) if lengths == "gsm8k" else [None] * count
         lines = []
-        for _ in range(count):
+        for length in words:
             a, b = rng.randint(1, 900), rng.randint(1000, 9000)
-            question = f"Natalia sold {a} clips in April and {b} clips in May . How many did she sell altogether ?"
             answer = f"She sold {a} + {b} = {a + b} clips .\n#### {a + b:,}"
-            lines.append(json.dumps({"question": question, "answer": answer}))
+            lines.append(json.dumps({"question": gsm8k_question(length, a, b), "answer": answer}))
         (directory / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
     return directory

@@ -16,6 +16,9 @@ This counts the model's useful work in a step instead, from the model's config a
 Real tokens are verl's own counts: perf/total_num_tokens (the attention mask's sum over the batch) and
 prompt_length/mean + response_length/mean for T. Time is the step's less validation and saving.
 The peak is the card's published fp32 rate (no tensor cores), per GPU, at boost clock.
+
+Beside it, the rollout's speed: response tokens generated per second of verl's gen phase, all GPUs
+together (the batch's real tokens times response_length/mean's share of a row, over timing_s/gen).
 """
 
 from __future__ import annotations
@@ -153,8 +156,41 @@ def step_utilization(
     return {TFLOPS_PER_GPU: achieved} | ({PEAK_SHARE: achieved / peak} if peak else {})
 
 
-def describe(metrics: dict[str, float]) -> str | None:
-    if (achieved := metrics.get(TFLOPS_PER_GPU)) is None:
+GEN_SECONDS = "timing_s/gen"
+# verl's timing_s/gen x 1000 / the batch's response tokens (compute_timing_metrics)
+GEN_MS_PER_TOKEN = "timing_per_token_ms/gen"
+
+
+def generated_tokens(metrics: dict[str, float]) -> float | None:
+    """The response tokens the step's rollout generated, all GPUs together: verl's real-token count of the
+    batch (every response, rollout.n included) times the response's share of a row's mean length."""
+    tokens, prompt, response = (metrics.get(key) for key in (TOTAL_TOKENS, PROMPT_LENGTH, RESPONSE_LENGTH))
+    if tokens is None or prompt is None or response is None or not prompt + response > 0:
         return None
-    share = metrics.get(PEAK_SHARE)
-    return f"{achieved:.1f} TFLOP/s" + (f" ({share:.0%} of fp32 peak)" if share is not None else "")
+    generated = tokens * response / (prompt + response)
+    return generated if math.isfinite(generated) else None
+
+
+def generation_tokens_per_second(metrics: dict[str, float]) -> float | None:
+    """Generated tokens per second of the gen phase, all GPUs together; None when verl logged no gen phase.
+
+    From the exact token count where verl logged it; else from its milliseconds per response token, which
+    the console rounds to 3 decimals."""
+    seconds, generated = metrics.get(GEN_SECONDS), generated_tokens(metrics)
+    if seconds is not None and generated is not None and seconds > 0 and math.isfinite(seconds):
+        return generated / seconds
+    per_token = metrics.get(GEN_MS_PER_TOKEN)
+    if per_token is not None and per_token > 0 and math.isfinite(per_token):
+        return 1000 / per_token
+    return None
+
+
+def describe(metrics: dict[str, float]) -> str | None:
+    """The step's achieved rate and its rollout's generated tokens/s, where verl's metrics say them."""
+    parts = []
+    if (achieved := metrics.get(TFLOPS_PER_GPU)) is not None:
+        share = metrics.get(PEAK_SHARE)
+        parts.append(f"{achieved:.1f} TFLOP/s" + (f" ({share:.0%} of fp32 peak)" if share is not None else ""))
+    if (rate := generation_tokens_per_second(metrics)) is not None:
+        parts.append(f"gen {rate:.0f} tok/s")
+    return "  ".join(parts) or None
