@@ -41,15 +41,16 @@ def test_train_service_reserves_the_gpu_and_runs_as_the_user(tmp_path: Path, com
     result = compose_config(tmp_path, {})
     assert result.returncode == 0, result.stderr
     train = json.loads(result.stdout)["services"]["train"]
-    assert train["image"] == "verlbox/p40-cu124:0.1.0" and train["command"] == ["train"]
+    assert train["image"] == "verlbox/p40-cu124:0.1.0" and train["command"] == ["train", "--on-halt", "wait"]
     assert train["user"] == "1234:5678"
     assert train["deploy"]["resources"]["reservations"]["devices"] == [
         {"capabilities": ["gpu"], "driver": "nvidia", "count": 1}
     ]
     assert int(train["shm_size"]) >= 8 * 2**30
-    # no lifetime budget: verl's crashes restart inside, and a halt holds instead of exiting into a loop
+    # no lifetime budget: verl's crashes restart inside, and a halt holds (the service's command says so, not
+    # the environment a one-off on the same service shares) instead of exiting into a loop
     assert train["restart"] == "on-failure"
-    assert train["environment"]["VERLBOX_ON_HALT"] == "wait"
+    assert "VERLBOX_ON_HALT" not in train["environment"]
     assert str(supervisor.HALT_FILE) in " ".join(train["healthcheck"]["test"])
     mounts = {volume["target"]: volume for volume in train["volumes"]}
     assert set(mounts) == {"/models", "/data", "/checkpoints", "/cache/huggingface"}

@@ -449,17 +449,22 @@ def test_train_without_a_gpu_stops_at_preflight_in_one_sentence(image: str) -> N
 
 
 def test_a_bad_override_in_a_one_off_run_exits_2_at_once_even_under_compose_s_hold(image: str) -> None:
-    """`docker compose run --rm train train trainer.total_epoch=2`: compose's VERLBOX_ON_HALT=wait is for `up`;
-    a typo typed by hand ends the one-off at once, in one line (before, it held until killed)."""
+    """`docker compose run --rm train train trainer.total_epoch=2` in a run folder whose compose.yaml sets
+    VERLBOX_ON_HALT=wait (as run folders made before `--on-halt` do): a typo typed by hand ends the one-off
+    at once, in one line; a dry run never holds. Only `train --on-halt wait` (the service's own command) holds."""
     result = docker(
         "run", "--rm", "-e", "VERLBOX_ON_HALT=wait", image, "train", "trainer.total_epoch=2", check=False, timeout=120
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("verlbox: error: trainer.total_epoch: verl 0.4.1 does not declare it")
     assert "holding here" not in result.stderr and "Traceback" not in result.stderr
-    held = docker("run", "--rm", "-e", "VERLBOX_ON_HALT=wait", "--name", f"verlbox-held-{os.getpid()}", "-d", image,
-                  "train", check=False)  # fmt: skip
-    try:  # without overrides (what `up` runs), a failure still holds with its reason
+    dry = docker("run", "--rm", "-e", "VERLBOX_PROFILE=gpro", image, "train", "--on-halt", "wait", "--dry-run",
+                 check=False, timeout=120)  # fmt: skip
+    assert dry.returncode == 2 and "no training profile named 'gpro'" in dry.stderr, dry.stderr
+    assert "holding here" not in dry.stderr
+    held = docker("run", "--rm", "--name", f"verlbox-held-{os.getpid()}", "-d", image, "train", "--on-halt", "wait",
+                  check=False)  # fmt: skip
+    try:  # the service's command (what `up` runs): a failure holds with its reason
         for _ in range(60):
             logs = docker("logs", held.stdout.strip(), check=False).stderr
             if "holding here" in logs:

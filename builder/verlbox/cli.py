@@ -238,6 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--recipe", help="outside an image: the recipe whose profile to use")
     train.add_argument("--dry-run", action="store_true", help="print the exact command and stop")
     train.add_argument(
+        "--on-halt",
+        choices=["exit", "wait"],
+        help="a run that cannot go on: exit with its code (the default: one-off commands), or wait with its "
+        "reason (compose's train service, which Docker would restart into the same failure)",
+    )
+    train.add_argument(
         "--gpu-memory-gib", help="cap every process's CUDA memory, e.g. 24 (default: $VERLBOX_GPU_MEMORY_GIB)"
     )
 

@@ -39,15 +39,15 @@ def _missing(*modules: str) -> list[str]:
 
 
 def train(args: argparse.Namespace) -> int:
-    """`train`; under compose (VERLBOX_ON_HALT=wait) a run that cannot go on holds with its reason instead of
-    exiting into Docker's restart of the same failure. Overrides typed on the command line are a one-off
-    (`docker compose run ... train KEY=VALUE`; `up` runs the file's fixed command): bad ones exit 2 at once."""
+    """`train`; as compose's train service (`--on-halt wait`) a run that cannot go on holds with its reason
+    instead of exiting into Docker's restart of the same failure. A one-off exits with its code at once: a dry
+    run, or a command typed with overrides (`up` runs the file's fixed command)."""
     from verlbox.runtime.training import supervisor
     from verlbox.runtime.training.overrides import OverrideError
     from verlbox.runtime.training.progress import ConsoleGuard
     from verlbox.runtime.training.run_record import AlreadyRunning
 
-    waits = supervisor.holds(os.environ)
+    waits = supervisor.holds(os.environ, args.on_halt) and not args.dry_run
     # a console gone (EIO, a full disk under `2> file`) must not turn a hold into exit 1 and Docker's restart
     say = ConsoleGuard().guarding(lambda text: err.print(text, markup=False))
     supervisor.clear_halt()

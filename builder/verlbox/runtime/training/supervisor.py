@@ -318,8 +318,11 @@ def children_of(parent: int) -> dict[int, str]:
     return found
 
 
-def holds(environ: Mapping[str, str]) -> bool:
-    value = environ.get(ON_HALT, "exit")
+def holds(environ: Mapping[str, str], on_halt: str | None = None) -> bool:
+    """Whether a halt waits: ON_HALT as `train --on-halt` gives it (compose's train service says wait in its
+    command, so one-off commands on the same service exit), else VERLBOX_ON_HALT, which run folders made
+    before the flag set in compose's environment."""
+    value = on_halt or environ.get(ON_HALT, "exit")
     if value not in ("exit", "wait"):
         raise UsageError(f"{ON_HALT}={value}: expected exit (the default) or wait (compose: no restart into it)")
     return value == "wait"
