@@ -354,6 +354,22 @@ def test_init_picks_the_newest_verlbox_image_on_the_engine(tmp_path: Path, label
     assert labelled_images["older"] in note
 
 
+@pytest.mark.docker
+def test_a_rerun_keeps_the_image_the_env_names_though_a_newer_one_is_here(
+    tmp_path: Path, labelled_images: dict[str, str]
+) -> None:
+    """Before, a second `init` switched the folder to the newest verlbox image on the engine."""
+    older = labelled_images["older"]
+    assert run_verlbox("init", "run", "--image", older, cwd=tmp_path).returncode == 0
+    result = run_verlbox("init", "run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert env_values(tmp_path / "run" / ".env")["VERLBOX_IMAGE"] == older
+    assert f"note: VERLBOX_IMAGE={older} kept from .env; --image REF takes another" in result.stderr.splitlines()
+    newest = labelled_images["newest"]
+    assert run_verlbox("init", "run", "--image", newest, cwd=tmp_path).returncode == 0  # told otherwise: switched
+    assert env_values(tmp_path / "run" / ".env")["VERLBOX_IMAGE"] == newest
+
+
 def hash_labels(shipped: str, **replaced: str) -> dict[str, str]:
     """The recipe and hash labels this verlbox's build of recipe SHIPPED carries; REPLACED (by HASH_LABELS'
     words, spaces as underscores) given other values."""

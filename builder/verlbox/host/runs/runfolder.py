@@ -113,10 +113,10 @@ def give_to(directory: Path, names: list[str], uid: int, gid: int) -> None:
 
 
 def _image(requested: str | None, previous: dict[str, str], notes: list[str]) -> str:
-    """--image, else the newest verlbox image here (of this verlbox's recipes when there is one), else the
-    .env's current one. compose.yaml never pulls (pull_policy: never): an image the engine lacks is named
-    only on purpose (--image, or a kept .env), with a note; a new folder with no image found is refused, so
-    that no default name is ever run."""
+    """--image, else the image the folder's .env already names (a rerun never switches a run's image behind
+    its back), else the newest verlbox image here (of this verlbox's recipes when there is one). compose.yaml
+    never pulls (pull_policy: never): an image the engine lacks is named only on purpose (--image, or a kept
+    .env), with a note; a new folder with no image found is refused, so that no default name is ever run."""
     if requested is not None:
         try:
             parse_reference(requested)
@@ -127,6 +127,10 @@ def _image(requested: str | None, previous: dict[str, str], notes: list[str]) ->
                 f"{requested} is not on this Docker engine, and compose never pulls: `docker pull` it or build it"
             )
         return requested
+    if kept := previous.get("VERLBOX_IMAGE"):
+        said = "" if engine_has(kept) else ", though it is not on this Docker engine (build it or `docker pull` it)"
+        notes.append(f"VERLBOX_IMAGE={kept} kept from .env{said}; --image REF takes another")
+        return kept
     try:
         found = verlbox_images()
     except VerlboxError as exc:
@@ -136,9 +140,6 @@ def _image(requested: str | None, previous: dict[str, str], notes: list[str]) ->
             return newest_current(found, notes)
         problem = "no verlbox image on this Docker engine"
         advice = "build one first (`verlbox doctor` says which recipe fits), or name one with --image"
-    if previous.get("VERLBOX_IMAGE"):
-        notes.append(f"{problem}; VERLBOX_IMAGE={previous['VERLBOX_IMAGE']} kept from .env")
-        return previous["VERLBOX_IMAGE"]
     raise UsageError(f"{problem}: {advice}")
 
 
