@@ -119,7 +119,10 @@ def test_cluster_profile_runs_ray_on_the_host_network_with_the_shared_checkpoint
         assert mounts["/checkpoints"] == str(shared)
         assert "--node-manager-port=6380" in service["environment"]["RAY_PORTS"]
         assert int(service["shm_size"]) >= 8 * 2**30
-    assert "ray start --head" in head["command"][0] and 'train --nodes "$$VERLBOX_NODES"' in head["command"][0]
+    assert (
+        "ray start --head" in head["command"][0]
+        and 'train --on-halt wait --nodes "$$VERLBOX_NODES"' in head["command"][0]
+    )
     # Ray's client server runs code for anyone reaching it and cannot be switched off: a fixed, documented port
     assert "--ray-client-server-port=10001" in head["command"][0]
     assert "keep 10001 closed" in (REPO / "compose.yaml").read_text()
