@@ -11,9 +11,12 @@ import io
 import os
 import platform
 import shutil
+import signal
 import struct
 import subprocess
+import sys
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -50,10 +53,17 @@ def run(*argv: str) -> None:
     assert cli.main(["shell", *argv]) == 7  # the run's exit code is verlbox's
 
 
+def one_off(captured: dict) -> list[str]:
+    """What every shell run adds: a name verlbox removes it by, and no hold on a halt (a one-off exits)."""
+    name = captured["run"].container
+    assert name.startswith(f"verlbox-shell-{os.getpid()}-")
+    return ["--name", name, "-e", "VERLBOX_ON_HALT=exit"]
+
+
 def test_interactive_shell_uses_the_train_service_in_the_users_folder(captured: dict, tmp_path: Path) -> None:
     run("p40-cu124")
     compose = ["compose", "-f", str(REPO / "compose.yaml"), "--project-directory", str(tmp_path), "run", "--rm"]
-    assert captured["args"][1:] == [*compose, "--entrypoint", "bash", "train"]
+    assert captured["args"][1:] == [*compose, *one_off(captured), "--entrypoint", "bash", "train"]
     env = captured["env"]
     assert env["VERLBOX_IMAGE"] == "verlbox/p40-cu124:0.1.0"
     assert (env["VERLBOX_UID"], env["VERLBOX_GID"]) == (str(os.getuid()), str(os.getgid()))
@@ -62,13 +72,13 @@ def test_interactive_shell_uses_the_train_service_in_the_users_folder(captured: 
 
 def test_one_command_after_the_double_dash(captured: dict) -> None:
     run("p40", "--", "python", "-V")
-    assert captured["args"][7:] == ["--rm", "--entrypoint", "python", "train", "-V"]
+    assert captured["args"][7:] == ["--rm", *one_off(captured), "--entrypoint", "python", "train", "-V"]
     assert captured["env"]["VERLBOX_IMAGE"] == "verlbox/p40:0.1.0"
 
 
 def test_one_command_with_an_image_and_no_recipe(captured: dict) -> None:
     run("--image", "mine:1", "--", "nvidia-smi", "-L")
-    assert captured["args"][7:] == ["--rm", "--entrypoint", "nvidia-smi", "train", "-L"]
+    assert captured["args"][7:] == ["--rm", *one_off(captured), "--entrypoint", "nvidia-smi", "train", "-L"]
     assert captured["env"]["VERLBOX_IMAGE"] == "mine:1"
 
 
@@ -328,3 +338,66 @@ def test_a_train_of_the_project_and_its_network_are_left_alone(
         for container in docker("ps", "-a", "-q", "--filter", label).stdout.split():
             docker("rm", "-f", container)
         subprocess.run([*compose, "down"], env=environment, check=True, capture_output=True)
+
+
+def _started_one_off(tiny_image: str, run_folder: Path) -> tuple[subprocess.Popen[str], str]:
+    """`verlbox shell --no-gpu -- pause` in a session of its own, once its container is running: (process, name)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "verlbox.cli", "shell", "--no-gpu", "--image", tiny_image, "--", "pause"],
+        cwd=run_folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    name = f"verlbox-shell-{process.pid}-"
+    deadline = time.monotonic() + 60
+    while True:
+        running = docker("ps", "--filter", f"name={name}", "--format", "{{.Names}}").stdout.split()
+        if running:
+            return process, running[0]
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+        time.sleep(0.2)
+
+
+def _left_of(container: str, project: str, seconds: float = 30) -> list[str]:
+    """The one-off container and the project's networks, once they are gone or SECONDS have passed."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = docker("ps", "-a", "--filter", f"name={container}", "--format", "{{.Names}}").stdout.split()
+        left += docker("network", "ls", "--filter", f"label=com.docker.compose.project={project}", "-q").stdout.split()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize(
+    ("how", "code"),
+    [
+        ("sigterm to verlbox", 128 + signal.SIGTERM),  # `timeout`, `kill`, a supervisor
+        ("sigint to verlbox", 128 + signal.SIGINT),  # kill -INT PID: compose never hears of it
+        ("sigint to the group", None),  # Ctrl-C without a terminal: both get it; who ends first varies
+        ("sighup to verlbox", 128 + signal.SIGHUP),  # the terminal closed
+        ("sigkill to verlbox", -signal.SIGKILL),  # nothing of verlbox's runs after: its reaper cleans up
+    ],
+)
+def test_however_a_one_off_ends_no_container_or_network_is_left(
+    tiny_image: str, run_folder: Path, how: str, code: int | None
+) -> None:
+    process, container = _started_one_off(tiny_image, run_folder)
+    try:
+        signum = {"term": signal.SIGTERM, "int": signal.SIGINT, "hup": signal.SIGHUP, "kill": signal.SIGKILL}
+        sent = signum[how.split()[0].removeprefix("sig")]
+        if how.endswith("group"):
+            os.killpg(process.pid, sent)
+        else:
+            process.send_signal(sent)
+        output, _ = process.communicate(timeout=60)
+        if code is not None:
+            assert process.returncode == code, output
+        assert "Traceback" not in output, output
+        assert _left_of(container, run_folder.name) == [], output
+    finally:
+        docker("rm", "-f", container, check=False)
+        if process.poll() is None:
+            process.kill()

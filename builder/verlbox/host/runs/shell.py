@@ -13,8 +13,10 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,17 +36,22 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 # environment and shared memory stay train's own
 NO_GPU_OVERRIDE = "services:\n  train:\n    deploy: !reset null\n"
 PROJECT_LABEL = "com.docker.compose.project"
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass(frozen=True)
 class ComposeRun:
     compose: list[str]  # docker compose -f FILE... --project-directory DIR
-    run: list[str]  # run --rm --entrypoint CMD train ARGS...
+    run: list[str]  # run --rm --name NAME ... --entrypoint CMD train ARGS...
     environment: dict[str, str]  # what verlbox adds to the caller's environment
 
     @property
     def command(self) -> list[str]:
         return [*self.compose, *self.run]
+
+    @property
+    def container(self) -> str:
+        return self.run[self.run.index("--name") + 1]
 
 
 def shell_command(
@@ -72,7 +79,14 @@ def shell_command(
     for variable, value in (("VERLBOX_UID", os.getuid()), ("VERLBOX_GID", os.getgid())):
         if variable not in already:
             environment[variable] = str(value)
-    return ComposeRun(compose, ["run", "--rm", "--entrypoint", entrypoint, "train", *rest], environment)
+    # a one-off never holds on a halt (a compose.yaml from before `train --on-halt` sets it for every command)
+    one_off = ["run", "--rm", "--name", one_off_name(), "-e", "VERLBOX_ON_HALT=exit", "--entrypoint", entrypoint]
+    return ComposeRun(compose, [*one_off, "train", *rest], environment)
+
+
+def one_off_name() -> str:
+    """The one-off's container name: verlbox removes it by name however the run ends."""
+    return f"verlbox-shell-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def resolved_project(run: ComposeRun) -> dict[str, Any]:
@@ -154,19 +168,52 @@ def remove_networks_made(engine: Any, project: str, before: set[str]) -> None:
                 network.remove()
 
 
+def remove_one_off(engine: Any, container: str, project: str, networks_before: set[str]) -> None:
+    """The one-off container, if it is still there, then the networks made for it."""
+    import docker
+
+    with contextlib.suppress(docker.errors.NotFound):
+        engine.containers.get(container).remove(force=True)
+    remove_networks_made(engine, project, networks_before)
+
+
 @contextlib.contextmanager
-def _interrupt_goes_to_compose() -> Iterator[None]:
-    # Ctrl-C reaches compose as well (one process group): it stops and removes the container, and only
-    # then does verlbox clean up; a Python handler, unlike SIG_IGN, is not inherited by the child
-    previous = signal.signal(signal.SIGINT, lambda *_: None)
+def _stops_end_the_container(engine: Any, container: str) -> Iterator[list[int]]:
+    """Ctrl-C, SIGTERM or SIGHUP to verlbox stop the one-off container (compose then returns), whether or not
+    compose got the signal too (Ctrl-C in a terminal reaches both; `kill` or `timeout` only verlbox). Yields
+    the signals that came. A Python handler, unlike SIG_IGN, is not inherited by compose."""
+    import docker
+
+    came: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        came.append(signum)
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # gone already, or going
+            engine.containers.get(container).stop(timeout=10)
+
+    previous = {signum: signal.signal(signum, stop) for signum in STOPS}
     try:
-        yield
+        yield came
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _start_reaper(container: str, project: str, networks_before: set[str]) -> subprocess.Popen[bytes]:
+    """A watcher of its own session that removes the one-off if verlbox dies without cleaning up (SIGKILL)."""
+    command = [sys.executable, "-m", "verlbox.host.runs.reaper", str(os.getpid()), container, project]
+    return subprocess.Popen(
+        [*command, *sorted(networks_before)],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def run_checked(args: argparse.Namespace, run: ComposeRun, where: str | None = None) -> int:
-    """Checks, then the run; WHERE (the run folder used) is said once the checks pass: a failure stays one line."""
+    """Checks, then the run; WHERE (the run folder used) is said once the checks pass: a failure stays one line.
+    However the run ends, its container and the networks made for it are gone after."""
     from verlbox.host.clients.engine import client
 
     engine = client()
@@ -175,11 +222,15 @@ def run_checked(args: argparse.Namespace, run: ComposeRun, where: str | None = N
     if where:
         err.print(where, markup=False)
     before = {network.name for network in _project_networks(engine, project["name"])}
+    reaper = _start_reaper(run.container, project["name"], before)
     try:
-        with _interrupt_goes_to_compose():
+        with _stops_end_the_container(engine, run.container) as came:
             returncode = subprocess.run(run.command, env=os.environ | run.environment, check=False).returncode
     finally:
-        remove_networks_made(engine, project["name"], before)
+        remove_one_off(engine, run.container, project["name"], before)
+        reaper.terminate()
+    if came:
+        return 128 + came[0]
     return 128 - returncode if returncode < 0 else returncode
 
 
