@@ -143,7 +143,7 @@ def test_a_record_of_another_format_is_measured_again(tmp_path: Path, model: Pat
     measure([train], model, "prompt", print, load=_counting_loader(loads))
     record = tmp_path / "data" / prompt_lengths.RECORD
     (entry,) = json.loads(record.read_text())["entries"]
-    # format 1 (stop 29's verlbox): one tokenizer per folder, at the top level; here with a wrong length
+    # format 1 (verlbox of 2026-12-03): one tokenizer per folder, at the top level; here with a wrong length
     entry["files"]["train.parquet"]["lengths"] = {"1": 1}
     record.write_text(json.dumps({"format": 1} | entry))
     assert measure([train], model, "prompt", print, load=_counting_loader(loads)).longest == BASE + 2
