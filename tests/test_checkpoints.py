@@ -469,6 +469,17 @@ def test_a_model_without_safetensors_skips_the_space_check_and_says_so(root: Pat
     ]
 
 
+def test_weights_without_config_json_are_named_as_such(root: Path, tmp_path: Path) -> None:
+    """Before: "no safetensors weights in ..." while model.safetensors was there."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    assert run(overrides_for(root, f"actor_rollout_ref.model.path={model}", f"critic.model.path={model}")) == [
+        f"checkpoints: {model} has safetensors weights but no config.json (verl cannot load it without one); "
+        "free space not checked"
+    ]
+
+
 def torch_saved(path: Path, payload: bytes = b"\1" * 4096) -> bytes:
     """A file as torch.save writes it: a ZIP archive (its data.pkl and data)."""
     import zipfile

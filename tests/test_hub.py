@@ -71,6 +71,7 @@ class StandInHub:
     tokens: dict[str, str] = field(default_factory=dict)  # private repo -> the token it wants
     relisted: dict[str, dict[str, object]] = field(default_factory=dict)  # path -> keys its listing shows instead
     sneaked: dict[str, bytes] = field(default_factory=dict)  # files listed only without ?blobs=True, and served
+    bare_404: bool = False  # a mirror or proxy: a 404 without the hub's X-Error-Code
 
     def publish(self, repo_type: str, repo: str, files: dict[str, bytes], branch: str = "main") -> str:
         commit = hashlib.sha1(repr((repo, sorted(files.items()))).encode()).hexdigest()
@@ -149,7 +150,7 @@ def handler_for(stand_in: StandInHub) -> type[BaseHTTPRequestHandler]:
             self.send(206 if start else 200, payload, headers, body=body)
 
         def refuse(self, code: str | None) -> None:
-            self.send(404, b"", {"X-Error-Code": code or ""})
+            self.send(404, b"", {} if stand_in.bare_404 else {"X-Error-Code": code or ""})
 
         def send(self, status: int, payload: bytes, headers: dict[str, str], body: bool = True, cut: int = -1) -> None:
             self.send_response(status)
@@ -566,6 +567,23 @@ def test_an_unknown_repo_or_revision_is_one_sentence(
     line = one_line_error(result)
     assert why in line and "`verlbox fetch" not in line  # a wrong name is fixed by the setting, not elsewhere
     assert args[0] != "--repo" or f"repository not found: {stand_in.endpoint} has no model" in line
+    assert left_behind(tmp_path) == []
+
+
+def test_a_bare_404_from_a_mirror_names_the_repo_and_revision_to_check(stand_in: StandInHub, tmp_path: Path) -> None:
+    """Before: "... answered 404", with nothing to act on."""
+    stand_in.publish("model", MODEL, fake_model(9))
+    stand_in.bare_404 = True
+    out = tmp_path / "model"
+    result = run_verlbox(
+        "fetch", "model", "--out", str(out), "--repo", MODEL[:-1], env={"HF_ENDPOINT": stand_in.endpoint}
+    )
+    assert result.returncode == 1
+    line = one_line_error(result)
+    assert (
+        f"answered 404: no model {MODEL[:-1]} at revision main there (check --repo or VERLBOX_MODEL_REPO and "
+        "--revision or VERLBOX_MODEL_REVISION; a private one needs HF_TOKEN)"
+    ) in line, line
     assert left_behind(tmp_path) == []
 
 

@@ -77,6 +77,8 @@ def test_profile_values_come_from_the_capability_table_and_environment() -> None
         ("actor_rollout_ref.rollout.dtype=bfloat16", "have no bf16"),
         ("data.not_declared=1", "data.not_declared: verl 0.4.1 does not declare it"),
         ("trainer.logger=[console", "verl's Hydra config rejects the overrides"),
+        ("+trainer.total_epoch=2", "it would be silently ignored; did you mean trainer.total_epochs?"),
+        ("+actor_rollout_ref.rollout.graph_decod=True", "did you mean actor_rollout_ref.rollout.graph_decode?"),
     ],
 )
 def test_the_blogs_no_ops_and_wrong_settings_are_refused(

@@ -171,6 +171,10 @@ def test_train_on_a_host_without_the_stack_says_where_it_runs(tmp_path: Path) ->
         "`verlbox overrides p40-cu124` checks its overrides here\n"
     )
     assert result.stdout == ""
+    # no recipe given either: where train runs still comes first (before: "pass --recipe")
+    (tmp_path / "bare").mkdir()
+    bare = run_verlbox("train", env=hide_modules(tmp_path / "bare", "torch", "verl"))
+    assert bare.returncode == 2 and bare.stderr.startswith("verlbox: error: train runs inside the image"), bare.stderr
 
 
 FAKE_TORCH = """

@@ -164,11 +164,11 @@ def test_a_run_that_cannot_start_holds_under_compose_and_exits_with_its_code_whe
     process = subprocess.Popen([sys.executable, "-c", program], env=env, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
     first = process.stderr.readline()
-    assert first.startswith("verlbox: error: no recipe given and no image spec here")
+    assert first.startswith("verlbox: error: train runs inside the image")  # no torch here
     assert process.stderr.readline().startswith("halted: holding here")
     time.sleep(0.5)
     assert process.poll() is None
-    assert halt_file.read_text().startswith("no recipe given")
+    assert halt_file.read_text().startswith("train runs inside the image")
     process.terminate()
     assert process.wait(timeout=10) == 2  # the bad input's own code, as without holding
 

@@ -70,12 +70,7 @@ def _train(args: argparse.Namespace) -> int:
     from verlbox.runtime.training.memory_cap import gib_from_environment, parse_gib
     from verlbox.runtime.training.profile import chosen_profile
 
-    # bad input is named wherever it is given; only then is this the wrong place to train
-    spec = _spec(args)
-    profile = chosen_profile(args.profile, os.environ, spec)
-    gib = (
-        parse_gib(args.gpu_memory_gib, "--gpu-memory-gib") if args.gpu_memory_gib else gib_from_environment(os.environ)
-    )
+    # where train runs comes first: on a host without the stack, asking for a recipe would only lead astray
     missing = _missing("torch", "verl")
     if missing:
         here = f"; `verlbox overrides {args.recipe}` checks its overrides here" if args.recipe else ""
@@ -83,6 +78,11 @@ def _train(args: argparse.Namespace) -> int:
             f"train runs inside the image ({' and '.join(missing)} not installed here): `docker compose up train` "
             f"in a run folder, or `verlbox shell -- verlbox train --dry-run` to see its command{here}"
         )
+    spec = _spec(args)
+    profile = chosen_profile(args.profile, os.environ, spec)
+    gib = (
+        parse_gib(args.gpu_memory_gib, "--gpu-memory-gib") if args.gpu_memory_gib else gib_from_environment(os.environ)
+    )
     from verlbox.runtime.training.train import train as run_training
 
     return run_training(

@@ -574,10 +574,19 @@ def size_a_save(settings: Settings, say: Callable[[str], None]) -> int | None:
     critic = model_size(settings.critic_model) if settings.critic_model else None
     if actor is None or (settings.critic_model and critic is None):
         unsized = settings.actor_model if actor is None else settings.critic_model
-        why = unreadable_folder(Path(unsized)) or f"no safetensors weights in {unsized} to size a save from"
+        why = unreadable_folder(Path(unsized)) or unsized_reason(Path(unsized))
         say(f"checkpoints: {why}; free space not checked")
         return None
     return estimate_step_bytes(actor, critic, settings.save_contents)
+
+
+def unsized_reason(model_folder: Path) -> str:
+    """Why model_size could not count MODEL_FOLDER's parameters."""
+    if not any(model_folder.glob("*.safetensors")):
+        return f"no safetensors weights in {model_folder} to size a save from"
+    if not (model_folder / "config.json").is_file():
+        return f"{model_folder} has safetensors weights but no config.json (verl cannot load it without one)"
+    return f"the safetensors headers or config.json in {model_folder} cannot be read"
 
 
 # Resuming. verl saves no config beside its checkpoints and takes the run's settings from the new start, so a

@@ -424,6 +424,11 @@ def _hub_errors(source: Source, folder: Path, hub: Hub, shown_as: str | None, ke
     )
 
     resume = f"; what arrived is kept in {kept} and the next start resumes it" if kept else ""
+    # a hub (or a mirror) that answers a bare 404: no such repository, revision or file there
+    not_found = (
+        f"no {source.repo_type} {source.repo} at revision {source.revision} there (check {source.setting('repo')} "
+        f"and {source.setting('revision')}; a private one needs HF_TOKEN)"
+    )
     # the user's own settings: fixed by changing them, not by another machine
     settings: list[tuple[type[BaseException], Callable[[Any], str]]] = [
         (GatedRepoError, lambda _: f"{source.repo} is gated: accept its terms on the hub and set HF_TOKEN"),
@@ -442,8 +447,8 @@ def _hub_errors(source: Source, folder: Path, hub: Hub, shown_as: str | None, ke
     reasons: list[tuple[type[BaseException] | tuple[type[BaseException], ...], Callable[[Any], str]]] = [
         (OfflineModeIsEnabled, lambda _: "HF_HUB_OFFLINE is set"),
         # the client's "cannot locate the files" wraps what actually failed: a connection, a status
-        (LocalEntryNotFoundError, lambda exc: _cause(exc, hub) + resume),
-        (HfHubHTTPError, lambda exc: _http_status(exc, hub)),
+        (LocalEntryNotFoundError, lambda exc: _cause(exc, hub, not_found) + resume),
+        (HfHubHTTPError, lambda exc: _http_status(exc, hub, not_found)),
         (requests.exceptions.SSLError, lambda exc: f"TLS to {hub.shown} failed ({_short(exc)})"),
         (requests.exceptions.ChunkedEncodingError, lambda exc: f"the connection broke ({_short(exc)}){resume}"),
         (requests.exceptions.ConnectionError, lambda exc: f"{hub.shown} cannot be reached ({_short(exc)}){resume}"),
@@ -468,20 +473,22 @@ def _hub_errors(source: Source, folder: Path, hub: Hub, shown_as: str | None, ke
         ) from exc
 
 
-def _cause(exc: BaseException, hub: Hub) -> str:
+def _cause(exc: BaseException, hub: Hub, not_found: str) -> str:
     cause = exc.__cause__
     if cause is None:
         return f"{hub.shown} cannot be reached"
     response = getattr(cause, "response", None)
     if response is not None:
-        return _http_status(cause, hub)
+        return _http_status(cause, hub, not_found)
     return f"{hub.shown} cannot be reached ({_short(cause)})"
 
 
-def _http_status(exc: BaseException, hub: Hub) -> str:
+def _http_status(exc: BaseException, hub: Hub, not_found: str) -> str:
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if status in (401, 403):
         return f"{hub.shown} refused access ({status}): set HF_TOKEN to a token that may read it"
+    if status == 404:
+        return f"{hub.shown} answered 404: {not_found}"
     return f"{hub.shown} answered {status}"
 
 

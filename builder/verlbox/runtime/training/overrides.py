@@ -9,6 +9,7 @@ from the locked wheel by bench/ship_verl_config.py.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +163,7 @@ def check_overrides(
             problems.append(
                 f"{override.key}: verl {patch_set.verl_version} does not declare it in "
                 "ppo_trainer.yaml and its code never reads it, so it would be silently ignored"
+                + _did_you_mean(override.key, declared, patch_set)
             )
     problems += type_problems(declared, [override for override in overrides if override.key not in REAL_KEYS])
     if problems:
@@ -187,6 +189,24 @@ def _kind(value: object) -> str | None:
 
 
 KIND_NAMES = {"bool": "true or false", "int": "a number", "float": "a number", "list": "a list ([a,b])"}
+
+
+def _did_you_mean(key: str, declared: object, patch_set: PatchSet) -> str:
+    """The declared keys closest to KEY (a typo's likely meaning), as "; did you mean ...?", or nothing."""
+    known = [*_leaf_keys(declared), *patch_set.code_read_keys]
+    close = difflib.get_close_matches(key, known, n=2, cutoff=0.85)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
+def _leaf_keys(config: object, prefix: str = "") -> list[str]:
+    from omegaconf import DictConfig
+
+    keys = []
+    for name in config.keys() if isinstance(config, DictConfig) else []:
+        path = f"{prefix}{name}"
+        child = config._get_node(name)
+        keys += _leaf_keys(child, f"{path}.") if isinstance(child, DictConfig) else [path]
+    return keys
 
 
 def type_problems(declared: object, overrides: list[Override]) -> list[str]:
