@@ -84,7 +84,24 @@ def test_the_real_model_option_names_a_bad_folder_before_anything_runs(tmp_path:
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "train.parquet").write_bytes(b"")
     no_data = run_verlbox("smoke-checks", "--recipe", "p40-cu124", "--model", str(tmp_path), "--data", str(tmp_path))
-    assert no_data.returncode == 2 and "no test.parquet, validation.parquet" in no_data.stderr
+    assert no_data.returncode == 2, no_data.stderr
+    assert f"--data {tmp_path}: neither verl's train.parquet and " in no_data.stderr
+    assert "nor a GSM8K source to prepare them from" in no_data.stderr
     on_host = run_verlbox("smoke", "p40-cu124", "--model", str(tmp_path / "absent"))
     assert on_host.returncode == 2 and f"--model {tmp_path / 'absent'}: no such folder" in on_host.stderr
-    assert "Traceback" not in alone.stderr + empty.stderr + no_data.stderr + on_host.stderr
+    # in a run folder without GSM8K: not "--data data/gsm8k: no such folder", a flag never given
+    no_gsm8k = run_verlbox("smoke", "p40-cu124", "--model", str(tmp_path), cwd=tmp_path)
+    assert no_gsm8k.returncode == 2 and "no GSM8K here (neither data/gsm8k" in no_gsm8k.stderr, no_gsm8k.stderr
+    assert "`verlbox fetch data` first (smoke prepares it in the image)" in no_gsm8k.stderr
+    assert "Traceback" not in alone.stderr + empty.stderr + no_data.stderr + on_host.stderr + no_gsm8k.stderr
+
+
+def test_gsm8k_as_fetch_leaves_it_is_prepared_for_the_run_on_the_users_model(tmp_path: Path) -> None:
+    """`verlbox fetch data` makes data/gsm8k-raw only; smoke --model prepares it where it runs (the image)."""
+    from verlbox.runtime.checks.fixtures import make_gsm8k_jsonl
+    from verlbox.runtime.commands import _prepared_here
+    from verlbox.runtime.training.data import PREPARED
+
+    raw = make_gsm8k_jsonl(tmp_path / "gsm8k-raw", train_rows=8, test_rows=4)
+    prepared = _prepared_here(raw)
+    assert all((prepared / name).is_file() for name in PREPARED), sorted(p.name for p in prepared.iterdir())

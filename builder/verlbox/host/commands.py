@@ -337,11 +337,25 @@ def _real_model_mounts(model: str | None, data: str | None) -> list[str]:
         if data:
             raise UsageError("--data goes with --model: it is the GSM8K folder for the run on your model")
         return []
-    folders = {"--model": (Path(model), SMOKE_MODEL), "--data": (Path(data or "data/gsm8k"), SMOKE_DATA)}
-    for option, (folder, _) in folders.items():
-        if not folder.is_dir():
-            raise UsageError(f"{option} {folder}: no such folder")
+    if not Path(model).is_dir():
+        raise UsageError(f"--model {model}: no such folder")
+    data_folder = Path(data) if data else _run_folder_data()
+    if not data_folder.is_dir():
+        raise UsageError(f"--data {data_folder}: no such folder")
+    folders = {"--model": (Path(model), SMOKE_MODEL), "--data": (data_folder, SMOKE_DATA)}
     return [argument for folder, target in folders.values() for argument in ("-v", f"{folder.resolve()}:{target}:ro")]
+
+
+def _run_folder_data() -> Path:
+    """A run folder's GSM8K: data/gsm8k as train prepared it, else data/gsm8k-raw as `verlbox fetch data` left it
+    (the image prepares that itself)."""
+    for folder in (Path("data/gsm8k"), Path("data/gsm8k-raw")):
+        if folder.is_dir():
+            return folder
+    raise UsageError(
+        "no GSM8K here (neither data/gsm8k, which train prepares, nor data/gsm8k-raw): `verlbox fetch data` "
+        "first (smoke prepares it in the image), or --data DIR"
+    )
 
 
 def _lock_check(args: argparse.Namespace, image: str) -> CheckResult:

@@ -221,9 +221,29 @@ def _real_model(args: argparse.Namespace) -> RealModel | None:
     data = Path(args.data or os.environ.get("VERLBOX_DATA_DIR") or "/data/gsm8k")
     if not (model / "config.json").is_file():
         raise UsageError(f"--model {model}: no config.json there (a Hugging Face model folder is expected)")
-    if missing := [name for name in PREPARED if not (data / name).is_file()]:
-        raise UsageError(f"--data {data}: no {', '.join(missing)} (make them with `verlbox prepare-data gsm8k`)")
+    if any(not (data / name).is_file() for name in PREPARED):
+        data = _prepared_here(data)
     return RealModel(model, data)
+
+
+def _prepared_here(source: Path) -> Path:
+    """GSM8K as `verlbox fetch data` leaves it (the hub's files), prepared into verl's parquet here in the
+    image, which has pyarrow: the host needs nothing for it."""
+    import tempfile
+
+    from verlbox.runtime.training.data import PREPARED, prepare_gsm8k
+
+    if not source.is_dir():
+        raise UsageError(f"--data {source}: no such folder")
+    out = Path(tempfile.mkdtemp(prefix="verlbox-smoke-gsm8k-"))
+    err.print(f"preparing GSM8K from {source} for the run on your model", markup=False)
+    try:
+        prepare_gsm8k(source, out)
+    except (VerlboxError, OSError, ValueError) as exc:
+        raise UsageError(
+            f"--data {source}: neither verl's {' and '.join(PREPARED)} nor a GSM8K source to prepare them from ({exc})"
+        ) from None
+    return out
 
 
 def smoke_checks(args: argparse.Namespace) -> int:
