@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from verlbox.host.building.build import failure_excerpt
+import pytest
+
+from conftest import docker, run_verlbox
+from verlbox.host.building.build import failure_excerpt, unreachable_registry
 
 ECHO = 'process "/bin/bash -c bash /tmp/verlbox/steps/steps.sh pip verl ..." did not complete successfully'
 
@@ -31,3 +34,30 @@ def test_a_step_that_fails_without_printing_still_says_why() -> None:
 
 def test_without_a_failed_step_the_last_lines_are_shown() -> None:
     assert failure_excerpt("no step failed\nlast line\n", lines=1) == "last line\n"
+
+
+@pytest.mark.docker
+def test_a_base_whose_registry_cannot_be_reached_names_bootstrap_base(docker_engine: object) -> None:
+    """Before: BuildKit's raw "failed to resolve source metadata ... dial tcp ..." excerpt. A closed local port
+    stands for a registry this machine cannot reach; nothing is tagged."""
+    tags_before = docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
+    result = run_verlbox(
+        "build", "p40-cu124", "--base-image", "127.0.0.1:9/library/debian:bookworm-slim", "--tag", "verlbox-test/x:1"
+    )
+    assert result.returncode == 1, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("verlbox: error:")]
+    assert line.startswith(
+        "verlbox: error: the build of p40-cu124 could not fetch its base 127.0.0.1:9/library/debian:bookworm-slim: "
+        "127.0.0.1 cannot be reached. On a machine without a registry, build with --bootstrap-base"
+    ), line
+    assert docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split() == tags_before
+
+
+def test_the_registry_is_read_from_buildkits_words() -> None:
+    lookup = (
+        "ERROR: failed to solve: debian:bookworm-slim: failed to resolve source metadata for docker.io/library/"
+        'debian:bookworm-slim: failed to do request: Head "https://registry-1.docker.io/v2/library/debian/'
+        'manifests/bookworm-slim": dial tcp: lookup registry-1.docker.io on 127.0.0.53:53: no such host'
+    )
+    assert unreachable_registry(lookup) == "registry-1.docker.io"
+    assert unreachable_registry("#5 ERROR: process did not complete successfully: exit code: 1") is None

@@ -19,13 +19,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.status import Status
 
-from verlbox.errors import BuildError
+from verlbox.errors import BuildError, VerlboxError
 from verlbox.host.building.clamp import clamp_image
 from verlbox.host.building.context import OfflineRepository, write_context
 from verlbox.host.building.plan import BuildPlan
 from verlbox.host.building.sources import BuildSources
 from verlbox.host.building.staging import remove_dead_builds_tags, staging_tag
-from verlbox.host.clients.engine import client, require_cli, retag, untag
+from verlbox.host.clients.engine import client, image_exists, require_cli, retag, untag
 from verlbox.host.clients.reference import ImageReference, parse_tag
 
 _STEP_START = re.compile(r"^#(\d+) (\[.+|exporting.+|naming.+|writing.+|unpacking.+)$")
@@ -48,6 +48,32 @@ def failure_excerpt(log: str, lines: int = 15) -> str:
     prefix = error.split(" ", 1)[0] + " "
     printed = [line for line in every_line if line.startswith(prefix) and not _STEP_ERROR.match(line)][-(lines - 1) :]
     return "".join(printed) + _ECHOED_COMMAND.sub("its command did not complete successfully", error)
+
+
+# BuildKit's words when the registry of a FROM cannot be reached: a name that does not resolve, a refused or
+# timed-out connection, while it resolves the base's metadata
+_UNREACHABLE = re.compile(
+    r"failed to (?:resolve source metadata|do request).*?(?:lookup (?P<lookup>[^\s:]+)|dial tcp (?P<dial>[^\s:]+))"
+)
+
+
+def unreachable_registry(log: str) -> str | None:
+    """The registry host a build's base could not be fetched from, when that is why it failed."""
+    if found := _UNREACHABLE.search(log):
+        return found["lookup"] or found["dial"]
+    return None
+
+
+def _bootstrapped(plan: BuildPlan) -> str:
+    """Says so when the base --bootstrap-base makes is already on the engine (no debootstrap needed)."""
+    bootstrap = plan.recipe.base.bootstrap
+    if bootstrap is None:
+        return ""
+    try:
+        present = image_exists(client(), bootstrap.reference)
+    except VerlboxError:
+        return ""
+    return f" ({bootstrap.reference}, the base it makes, is already on this engine)" if present else ""
 
 
 @dataclass
@@ -162,9 +188,16 @@ def run_buildx(
                 raise
             returncode = process.wait()
     if returncode != 0:
+        said = log_path.read_text()
+        if unreachable := unreachable_registry(said):
+            raise BuildError(
+                f"the build of {plan.recipe.name} could not fetch its base {plan.base_image}: {unreachable} cannot "
+                f"be reached. On a machine without a registry, build with --bootstrap-base{_bootstrapped(plan)}. "
+                f"Full log: {log_path}"
+            )
         raise BuildError(
             f"the build of {plan.recipe.name} failed (exit {returncode}); previous images and "
-            f"tags are untouched. Full log: {log_path}\n{failure_excerpt(log_path.read_text())}"
+            f"tags are untouched. Full log: {log_path}\n{failure_excerpt(said)}"
         )
     log_path.unlink()
     return list(reporter.steps.values())
