@@ -1,11 +1,13 @@
-"""The build's own reporting, without an engine: what a failed build shows of BuildKit's log."""
+"""The build's own reporting: what a failed build shows of BuildKit's log, and of a base it cannot fetch."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from conftest import docker, run_verlbox
-from verlbox.host.building.build import failure_excerpt, unreachable_registry
+from verlbox.host.building.build import canceled, failure_excerpt, unreachable_registry
 
 ECHO = 'process "/bin/bash -c bash /tmp/verlbox/steps/steps.sh pip verl ..." did not complete successfully'
 
@@ -37,7 +39,7 @@ def test_without_a_failed_step_the_last_lines_are_shown() -> None:
 
 
 @pytest.mark.docker
-def test_a_base_whose_registry_cannot_be_reached_names_bootstrap_base(docker_engine: object) -> None:
+def test_a_base_whose_registry_cannot_be_reached_names_bootstrap_base(docker_engine: object, sources_dir: Path) -> None:
     """Before: BuildKit's raw "failed to resolve source metadata ... dial tcp ..." excerpt. A closed local port
     stands for a registry this machine cannot reach; nothing is tagged."""
     tags_before = docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
@@ -61,3 +63,14 @@ def test_the_registry_is_read_from_buildkits_words() -> None:
     )
     assert unreachable_registry(lookup) == "registry-1.docker.io"
     assert unreachable_registry("#5 ERROR: process did not complete successfully: exit code: 1") is None
+
+
+def test_an_interrupted_build_is_told_from_a_failed_one() -> None:
+    """Ctrl-C reaching buildx before verlbox: "interrupted" (130), not "the build failed" with BuildKit's lines.
+    A failed step cancels the steps beside it; its own error is still the last word."""
+    interrupted = "#12 [apex 3/5] RUN ...\n#12 CANCELED\nERROR: failed to solve: Canceled: context canceled\n"
+    failed = (
+        "#12 [apex 3/5] RUN ...\n#12 CANCELED\n#9 ERROR: process did not complete successfully: exit code: 1\n"
+        'ERROR: failed to solve: process "/bin/bash -c ..." did not complete successfully: exit code: 1\n'
+    )
+    assert canceled(interrupted) and not canceled(failed)

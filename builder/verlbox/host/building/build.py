@@ -34,6 +34,11 @@ _NOISE = re.compile(r"--mount=\S+\s*|bash /tmp/verlbox/steps/(?=steps\.sh)")
 _STEP_END = re.compile(r"^#(\d+) (DONE [0-9.]+s|CACHED|ERROR.*|CANCELED)$")
 _STEP_ERROR = re.compile(r"^#(\d+) ERROR: ")
 _ECHOED_COMMAND = re.compile(r'process ".*" did not complete successfully')
+# BuildKit's running count of an export (a bundle's files, an image's layers)
+_STEP_PROGRESS = re.compile(r"^#(\d+) ((?:copying files|sending tarball|transferring|writing layer) .+)$")
+# buildx's last word when Ctrl-C stopped it before verlbox saw the interrupt itself (a failed step also cancels
+# the steps beside it, but then the last word is that step's error)
+_CANCELED = re.compile(r"^ERROR: failed to solve: (?:Canceled: )?context canceled\s*$", re.MULTILINE)
 
 
 def failure_excerpt(log: str, lines: int = 15) -> str:
@@ -55,6 +60,12 @@ def failure_excerpt(log: str, lines: int = 15) -> str:
 _UNREACHABLE = re.compile(
     r"failed to (?:resolve source metadata|do request).*?(?:lookup (?P<lookup>[^\s:]+)|dial tcp (?P<dial>[^\s:]+))"
 )
+
+
+def canceled(log: str) -> bool:
+    """Whether buildx ended because it was interrupted, not because a step failed."""
+    errors = [line for line in log.splitlines() if line.startswith("ERROR: ")]
+    return bool(errors) and _CANCELED.match(errors[-1]) is not None
 
 
 def unreachable_registry(log: str) -> str | None:
@@ -123,6 +134,9 @@ class _StepReporter:
             step = self.steps.setdefault(start.group(1), StepTiming(" ".join(_NOISE.sub("", start.group(2)).split())))
             if self.status is not None:
                 self.status.update(f"running {step.name[:100]}")
+        elif (moving := _STEP_PROGRESS.match(line)) and moving.group(1) in self.steps:
+            if self.status is not None:  # a 3 GB export: how far it has got, not a still spinner
+                self.status.update(f"{self.steps[moving.group(1)].name[:80]}: {moving.group(2)}")
         elif (end := _STEP_END.match(line)) and end.group(1) in self.steps:
             step = self.steps[end.group(1)]
             outcome = end.group(2)
@@ -189,6 +203,9 @@ def run_buildx(
             returncode = process.wait()
     if returncode != 0:
         said = log_path.read_text()
+        if canceled(said):  # Ctrl-C reached buildx first: the same "interrupted" as at any other moment
+            log_path.unlink()
+            raise KeyboardInterrupt
         if unreachable := unreachable_registry(said):
             raise BuildError(
                 f"the build of {plan.recipe.name} could not fetch its base {plan.base_image}: {unreachable} cannot "
