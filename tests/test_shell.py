@@ -62,7 +62,8 @@ def one_off(captured: dict) -> list[str]:
 
 def test_interactive_shell_uses_the_train_service_in_the_users_folder(captured: dict, tmp_path: Path) -> None:
     run("p40-cu124")
-    compose = ["compose", "-f", str(REPO / "compose.yaml"), "--project-directory", str(tmp_path), "run", "--rm"]
+    compose = ["compose", "--progress", "quiet", "-f", str(REPO / "compose.yaml"), "--project-directory", str(tmp_path)]
+    compose += ["run", "--rm"]
     assert captured["args"][1:] == [*compose, *one_off(captured), "--entrypoint", "bash", "train"]
     env = captured["env"]
     assert env["VERLBOX_IMAGE"] == "verlbox/p40-cu124:0.1.0"
@@ -72,13 +73,13 @@ def test_interactive_shell_uses_the_train_service_in_the_users_folder(captured: 
 
 def test_one_command_after_the_double_dash(captured: dict) -> None:
     run("p40", "--", "python", "-V")
-    assert captured["args"][7:] == ["--rm", *one_off(captured), "--entrypoint", "python", "train", "-V"]
+    assert captured["args"][9:] == ["--rm", *one_off(captured), "--entrypoint", "python", "train", "-V"]
     assert captured["env"]["VERLBOX_IMAGE"] == "verlbox/p40:0.1.0"
 
 
 def test_one_command_with_an_image_and_no_recipe(captured: dict) -> None:
     run("--image", "mine:1", "--", "nvidia-smi", "-L")
-    assert captured["args"][7:] == ["--rm", *one_off(captured), "--entrypoint", "nvidia-smi", "train", "-L"]
+    assert captured["args"][9:] == ["--rm", *one_off(captured), "--entrypoint", "nvidia-smi", "train", "-L"]
     assert captured["env"]["VERLBOX_IMAGE"] == "mine:1"
 
 
@@ -90,7 +91,7 @@ def test_without_a_recipe_the_dotenv_decides(captured: dict, tmp_path: Path) -> 
     # compose reads .env itself; a variable verlbox exported would win over it, so none is exported
     assert "VERLBOX_IMAGE" not in env and "VERLBOX_UID" not in env
     assert env["VERLBOX_GID"] == str(os.getgid())
-    assert captured["args"][3] == str(tmp_path / "compose.yaml")  # the folder's own compose file wins
+    assert captured["args"][5] == str(tmp_path / "compose.yaml")  # the folder's own compose file wins
 
 
 def test_run_dir_is_the_project_from_anywhere_and_is_named(captured: dict, tmp_path: Path) -> None:
@@ -100,7 +101,9 @@ def test_run_dir_is_the_project_from_anywhere_and_is_named(captured: dict, tmp_p
     folder.mkdir(parents=True)
     (folder / ".env").write_text("VERLBOX_IMAGE=verlbox/p40-cu124:0.1.0\n")
     run("--run", str(folder))
-    assert captured["args"][1:6] == ["compose", "-f", str(REPO / "compose.yaml"), "--project-directory", str(folder)]
+    assert captured["args"][1:8] == [
+        "compose", "--progress", "quiet", "-f", str(REPO / "compose.yaml"), "--project-directory", str(folder)
+    ]  # fmt: skip
     assert captured["where"] == f"run folder {folder} (its .env)" and "VERLBOX_IMAGE" not in captured["env"]
     captured.clear()
     assert cli.main(["shell", "--run", str(tmp_path / "runs")]) == 2 and captured == {}

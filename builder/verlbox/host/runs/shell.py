@@ -69,7 +69,8 @@ def shell_command(
     if not compose_file.is_file():
         compose_file = paths.compose_file()
     files = [compose_file, *([override] if override else [])]
-    compose = [require_cli(), "compose", *(word for file in files for word in ("-f", str(file)))]
+    # quiet: compose's "Network ... Creating/Created" lines on every run say nothing a user acts on
+    compose = [require_cli(), "compose", "--progress", "quiet", *(word for file in files for word in ("-f", str(file)))]
     compose += ["--project-directory", str(workdir)]
     entrypoint, *rest = args.one_command or ["bash"]
     already = set(environ) | set(dotenv_values(workdir / ".env"))
