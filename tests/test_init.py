@@ -160,6 +160,21 @@ def test_an_edited_file_is_refused_and_nothing_is_written(tmp_path: Path) -> Non
     assert snapshot(run) == before
 
 
+def test_a_users_own_compose_file_is_named_as_theirs_not_as_changed(tmp_path: Path) -> None:
+    """Before: "changed since `verlbox init` wrote it" for a file init never wrote."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "compose.yaml").write_text("services: {}\n")
+    before = snapshot(run)
+    result = init("run", "--image", IMAGE, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "verlbox: error: run/compose.yaml is not verlbox's (init never wrote it); nothing written "
+        "(--force replaces it and keeps yours as compose.yaml.bak)"
+    ]
+    assert snapshot(run) == before
+
+
 def test_force_replaces_an_edited_file_and_keeps_it_as_bak(tmp_path: Path) -> None:
     run = tmp_path / "run"
     assert init("run", "--image", IMAGE, cwd=tmp_path).returncode == 0

@@ -319,7 +319,7 @@ def plan_files(directory: Path, texts: dict[str, str], force: bool) -> list[Plan
         if (directory / folder).exists() and not (directory / folder).is_dir():
             raise UsageError(f"{directory / folder} exists and is not a folder; compose binds a folder there")
     record = read_record(directory)
-    plan, edited = [], []
+    plan, edited, foreign = [], [], []
     for name, text in texts.items():
         path = directory / name
         if not path.exists():
@@ -337,13 +337,19 @@ def plan_files(directory: Path, texts: dict[str, str], force: bool) -> list[Plan
             plan.append(Planned(name, text, "update"))
         else:
             plan.append(Planned(name, text, "replace"))
-            edited.append(str(path))
-    if edited and not force:
-        them = "it" if len(edited) == 1 else "them"
-        raise UsageError(
-            f"{', '.join(edited)} changed since `verlbox init` wrote {them}; nothing written "
-            f"(--force replaces {them} and keeps yours as {', '.join(Path(path).name + '.bak' for path in edited)})"
-        )
+            (edited if name in record else foreign).append(str(path))
+    if (edited or foreign) and not force:
+        said = []
+        if foreign:  # a user's own file where init would write: init never wrote it, so it was never "changed"
+            said.append(
+                f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} not verlbox's (init never wrote it)"
+            )
+        if edited:
+            them = "it" if len(edited) == 1 else "them"
+            said.append(f"{', '.join(edited)} changed since `verlbox init` wrote {them}")
+        backups = ", ".join(Path(path).name + ".bak" for path in edited + foreign)
+        them = "it" if len(edited + foreign) == 1 else "them"
+        raise UsageError(f"{'; '.join(said)}; nothing written (--force replaces {them} and keeps yours as {backups})")
     return plan
 
 
