@@ -53,6 +53,11 @@ def run(*argv: str) -> None:
     assert cli.main(["shell", *argv]) == 7  # the run's exit code is verlbox's
 
 
+def after_run(captured: dict) -> list[str]:
+    """The words after `docker compose ... run`."""
+    return captured["args"][captured["args"].index("run") + 1 :]
+
+
 def one_off(captured: dict) -> list[str]:
     """What every shell run adds: a name verlbox removes it by, and no hold on a halt (a one-off exits)."""
     name = captured["run"].container
@@ -62,24 +67,25 @@ def one_off(captured: dict) -> list[str]:
 
 def test_interactive_shell_uses_the_train_service_in_the_users_folder(captured: dict, tmp_path: Path) -> None:
     run("p40-cu124")
-    compose = ["compose", "--progress", "quiet", "-f", str(REPO / "compose.yaml"), "--project-directory", str(tmp_path)]
-    compose += ["run", "--rm"]
-    assert captured["args"][1:] == [*compose, *one_off(captured), "--entrypoint", "bash", "train"]
+    assert captured["args"][1:4] == ["compose", "--progress", "quiet"] and captured["files"][0] == REPO / "compose.yaml"
+    assert after_run(captured) == ["--rm", *one_off(captured), "--entrypoint", "bash", "train"]
+    assert captured["args"][captured["args"].index("--project-directory") + 1] == str(tmp_path)
     env = captured["env"]
     assert env["VERLBOX_IMAGE"] == "verlbox/p40-cu124:0.1.0"
     assert (env["VERLBOX_UID"], env["VERLBOX_GID"]) == (str(os.getuid()), str(os.getgid()))
-    assert captured["overrides"] == []  # the GPU reservation stays
+    # the GPU reservation stays; outside a run folder, none of its folders is mounted
+    assert captured["overrides"] == [shell.OVERRIDE_HEAD + shell.NO_FOLDERS]
 
 
 def test_one_command_after_the_double_dash(captured: dict) -> None:
     run("p40", "--", "python", "-V")
-    assert captured["args"][9:] == ["--rm", *one_off(captured), "--entrypoint", "python", "train", "-V"]
+    assert after_run(captured) == ["--rm", *one_off(captured), "--entrypoint", "python", "train", "-V"]
     assert captured["env"]["VERLBOX_IMAGE"] == "verlbox/p40:0.1.0"
 
 
 def test_one_command_with_an_image_and_no_recipe(captured: dict) -> None:
     run("--image", "mine:1", "--", "nvidia-smi", "-L")
-    assert captured["args"][9:] == ["--rm", *one_off(captured), "--entrypoint", "nvidia-smi", "train", "-L"]
+    assert after_run(captured) == ["--rm", *one_off(captured), "--entrypoint", "nvidia-smi", "train", "-L"]
     assert captured["env"]["VERLBOX_IMAGE"] == "mine:1"
 
 
@@ -113,9 +119,12 @@ def test_no_gpu_adds_one_override_that_resets_the_reservation(captured: dict, tm
     run("--no-gpu", "--image", "mine:1", "--", "true")
     files = captured["files"]
     assert files[0] == REPO / "compose.yaml" and len(files) == 2
-    assert captured["overrides"] == [shell.NO_GPU_OVERRIDE]
+    assert captured["overrides"] == [shell.OVERRIDE_HEAD + shell.NO_GPU + shell.NO_FOLDERS]
     assert captured["args"][-3:] == ["--entrypoint", "true", "train"]
     assert not files[1].exists()  # a temporary file, gone after the run
+    (tmp_path / ".env").write_text("VERLBOX_IMAGE=mine:1\n")  # in a run folder: its folders are mounted
+    run("--no-gpu", "--", "true")
+    assert captured["overrides"] == [shell.OVERRIDE_HEAD + shell.NO_GPU]
 
 
 def test_a_missing_image_names_the_recipe_that_builds_it() -> None:
@@ -278,9 +287,20 @@ def test_without_the_nvidia_runtime_one_line_names_it_and_no_gpu(tiny_image: str
 
 def test_missing_run_folders_are_named_before_anything_starts(tiny_image: str, tmp_path: Path) -> None:
     before = engine_state()
-    line = one_error_line(run_verlbox("shell", "--no-gpu", "--image", tiny_image, "--", "true", cwd=tmp_path))
+    (tmp_path / ".env").write_text(f"VERLBOX_IMAGE={tiny_image}\n")  # a run folder, its folders not made yet
+    line = one_error_line(run_verlbox("shell", "--no-gpu", "--", "true", cwd=tmp_path))
     assert f"the train service mounts {tmp_path / 'models'}, {tmp_path / 'data'}," in line
     assert "mkdir -p" in line
+    assert engine_state() == before
+
+
+def test_outside_a_run_folder_a_named_image_runs_alone_without_the_folders(tiny_image: str, tmp_path: Path) -> None:
+    """Before: a look at an image demanded models/, data/, checkpoints/ and hf-cache/ here."""
+    before = engine_state()
+    result = run_verlbox("shell", "--no-gpu", "--image", tiny_image, "--", "true", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"no run folder here: {tiny_image} alone, without a run folder's mounts" in result.stderr
+    assert not any(tmp_path.iterdir())  # nothing made here
     assert engine_state() == before
 
 
@@ -301,7 +321,7 @@ def test_no_gpu_runs_the_image_and_leaves_nothing_behind(tiny_image: str, run_fo
 
 def test_no_gpu_keeps_trains_mounts_user_and_environment(compose_cli: None, run_folder: Path, tmp_path: Path) -> None:
     override = tmp_path / "no-gpu.yaml"
-    override.write_text(shell.NO_GPU_OVERRIDE)
+    override.write_text(shell.OVERRIDE_HEAD + shell.NO_GPU)
     args = cli.build_parser().parse_args(["shell", "--image", "mine:1"])
     environ = {"PATH": os.environ["PATH"]}
     plain = shell.resolved_project(shell.shell_command(args, run_folder, environ))["services"]["train"]
@@ -323,7 +343,7 @@ def test_a_train_of_the_project_and_its_network_are_left_alone(
     project = run_folder.name
     environment = os.environ | {"VERLBOX_IMAGE": tiny_image, "VERLBOX_UID": str(os.getuid())}
     override = run_folder.parent / "no-gpu.yaml"
-    override.write_text(shell.NO_GPU_OVERRIDE)
+    override.write_text(shell.OVERRIDE_HEAD + shell.NO_GPU)
     compose = ["docker", "compose", "-f", str(REPO / "compose.yaml"), "-f", str(override)]
     compose += ["--project-directory", str(run_folder)]
     started = subprocess.run([*compose, *start], env=environment, capture_output=True, text=True)

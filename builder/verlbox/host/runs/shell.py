@@ -34,7 +34,9 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # compose's `!reset` (compose >= 2.24) drops the GPU reservation and nothing else: mounts, user,
 # environment and shared memory stay train's own
-NO_GPU_OVERRIDE = "services:\n  train:\n    deploy: !reset null\n"
+OVERRIDE_HEAD = "services:\n  train:\n"
+NO_GPU = "    deploy: !reset null\n"
+NO_FOLDERS = "    volumes: !reset []\n"
 PROJECT_LABEL = "com.docker.compose.project"
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -246,11 +248,12 @@ def shell(args: argparse.Namespace) -> int:
             "(`verlbox init DIR` makes one), or name the image: verlbox shell RECIPE, or --image REF"
         )
     workdir = run.path if run else Path.cwd()
+    # outside a run folder, a look at the image (`docker run --rm -it` as a user expects): none of the folders
+    resets = (NO_GPU if args.no_gpu else "") + (NO_FOLDERS if run is None else "")
+    where = run.described if run else f"no run folder here: {image_for(args)} alone, without a run folder's mounts"
     with tempfile.TemporaryDirectory(prefix="verlbox-shell-") as scratch:
         override = None
-        if args.no_gpu:
-            override = Path(scratch) / "no-gpu.yaml"
-            override.write_text(NO_GPU_OVERRIDE)
-        return run_checked(
-            args, shell_command(args, workdir, dict(os.environ), override), run.described if run else None
-        )
+        if resets:
+            override = Path(scratch) / "override.yaml"
+            override.write_text(OVERRIDE_HEAD + resets)
+        return run_checked(args, shell_command(args, workdir, dict(os.environ), override), where)
