@@ -3,11 +3,12 @@ for 1, 2 and 4 GPUs, and how a run chooses it (--profile, VERLBOX_PROFILE, else 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from conftest import run_verlbox
+from conftest import docker, run_verlbox
 from verlbox.errors import UsageError
 from verlbox.host.recipes.recipe import load_recipe
 from verlbox.runtime.training.overrides import OverrideError, check_overrides, override_value
@@ -107,3 +108,24 @@ def test_overrides_cli_shows_the_chosen_profile() -> None:
 def test_a_user_override_wins_over_the_grpo_profile() -> None:
     merged = merge_overrides(plan("grpo").overrides, ["actor_rollout_ref.rollout.n=8"])
     assert override_value(merged, "actor_rollout_ref.rollout.n") == "8"
+
+
+@pytest.mark.docker
+def test_overrides_in_a_run_folder_checks_its_env_s_image_recipe_and_profile(
+    docker_engine: object, tmp_path: Path
+) -> None:
+    """Before: `verlbox overrides` in a run folder asked for a recipe, ignoring the image its .env names."""
+    from test_init import build_labelled
+
+    tag = f"verlbox-test/overrides-run-folder:{os.getpid()}"
+    try:
+        build_labelled(tmp_path / "image", tag, 4_000_000_000, label=True, recipe="p40-cu124")
+        run = tmp_path / "run"
+        run.mkdir()
+        (run / ".env").write_text(f"VERLBOX_IMAGE={tag}\nVERLBOX_PROFILE=grpo\n")
+        shown = run_verlbox("overrides", "--gpus-per-node", "2", cwd=run)
+        assert shown.returncode == 0, shown.stderr
+        assert f"recipe p40-cu124 of {tag}" in shown.stderr
+        assert "algorithm.adv_estimator=grpo" in shown.stdout.splitlines()  # the .env's profile
+    finally:
+        docker("image", "rm", tag, check=False)

@@ -390,15 +390,39 @@ def overrides(args: argparse.Namespace) -> int:
         extra.insert(0, recipe)
         recipe = None
     baked = baked_spec()
+    profile = args.profile
+    if recipe is None and baked is None:
+        recipe, profile = _run_folder_recipe(profile)
     # an image carries its own recipe's spec, not the recipe files: its name is enough
     spec = baked if baked and recipe in (None, baked.name) else load_recipe(recipe).image_spec() if recipe else None
     if spec is None:
         raise UsageError("name a recipe (`verlbox overrides p40 KEY=VALUE ...`): this is not a verlbox image")
     topology = Topology(args.gpus_per_node or 1, args.nodes or 1, "given")
-    plan = TrainingPlan(spec, topology=topology, profile=args.profile)
+    plan = TrainingPlan(spec, topology=topology, profile=profile)
     # checked against the installed verl's config, else (on a host) the copy verlbox ships
     out.print("\n".join(verified_overrides(plan, extra)), markup=False)
     return 0
+
+
+def _run_folder_recipe(profile: str | None) -> tuple[str | None, str | None]:
+    """In a run folder: the recipe its .env's image was built from (the image's label) and its .env's profile,
+    so that `verlbox overrides` there checks what `docker compose up train` would run; else (None, PROFILE)."""
+    from verlbox.host.recipes.lock import image_labels
+    from verlbox.host.runs.runfolder import RECIPE_LABEL
+    from verlbox.run_folder import find_run_folder
+
+    run = find_run_folder(None)
+    image = run.setting("VERLBOX_IMAGE") if run else None
+    if run is None or image is None:
+        return None, profile
+    try:
+        recipe = image_labels(image).get(RECIPE_LABEL)
+    except VerlboxError as exc:
+        raise UsageError(f"{run.described}: cannot read {image}'s recipe ({exc}); name a recipe instead") from None
+    if not recipe:
+        raise UsageError(f"{run.described}: {image} carries no verlbox recipe label; name a recipe instead")
+    err.print(f"{run.described}: recipe {recipe} of {image}", markup=False)
+    return recipe, profile or run.setting("VERLBOX_PROFILE")
 
 
 def runs(args: argparse.Namespace) -> int:

@@ -70,7 +70,13 @@ def _train(args: argparse.Namespace) -> int:
     from verlbox.runtime.training.memory_cap import gib_from_environment, parse_gib
     from verlbox.runtime.training.profile import chosen_profile
 
-    # where train runs comes first: on a host without the stack, asking for a recipe would only lead astray
+    # what was typed is checked first (a recipe given, its profile, the cap); then where train runs, before
+    # asking for a recipe nobody gave: on a host without the stack that would only lead astray
+    given = getattr(args, "spec", None) or baked_spec()
+    profile = chosen_profile(args.profile, os.environ, given) if given else None
+    gib = (
+        parse_gib(args.gpu_memory_gib, "--gpu-memory-gib") if args.gpu_memory_gib else gib_from_environment(os.environ)
+    )
     missing = _missing("torch", "verl")
     if missing:
         here = f"; `verlbox overrides {args.recipe}` checks its overrides here" if args.recipe else ""
@@ -78,11 +84,8 @@ def _train(args: argparse.Namespace) -> int:
             f"train runs inside the image ({' and '.join(missing)} not installed here): `docker compose up train` "
             f"in a run folder, or `verlbox shell -- verlbox train --dry-run` to see its command{here}"
         )
-    spec = _spec(args)
-    profile = chosen_profile(args.profile, os.environ, spec)
-    gib = (
-        parse_gib(args.gpu_memory_gib, "--gpu-memory-gib") if args.gpu_memory_gib else gib_from_environment(os.environ)
-    )
+    spec = given or _spec(args)
+    profile = profile or chosen_profile(args.profile, os.environ, spec)
     from verlbox.runtime.training.train import train as run_training
 
     return run_training(
