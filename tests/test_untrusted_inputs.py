@@ -292,3 +292,21 @@ def test_the_shipped_lock_names_its_recipe_s_bootstrapped_base(tmp_path: Path) -
     recipe = load_recipe(recipe_path)
     assert read_lock(lock_path, recipe).base.reference == "verlbox-base/debian:bookworm-minbase"
     assert recipe.base.bootstrap is not None  # the name a lock may give is the one --bootstrap-base tags
+
+
+def test_uv_s_own_warnings_are_not_given_as_the_reason_a_resolution_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: uv's managed-Python warning led the failure line of `build --check`."""
+    wrapper = tmp_path / "uv"
+    wrapper.write_text(
+        "#!/bin/sh\necho 'warning: A managed Python download is available for Python 3.10, but Python downloads "
+        f'are set to never\' >&2\nexec {pins.uv_binary()!r} "$@"\n'
+    )
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(pins, "uv_binary", lambda: str(wrapper))
+    with serve_files(_simple_index([])) as index:
+        finding = pins.check_resolution(["absentpkg==1.0"], "3.10", f"{index}/simple", None, BuildSources(), 30)
+    assert not finding.served
+    assert finding.answer.startswith("Because absentpkg was not found in the package registry"), finding.answer
+    assert "warning" not in finding.answer

@@ -430,7 +430,9 @@ def check_resolution(
             if result.returncode == 0:
                 break
             lines = [line.strip(UV_TREE) for line in result.stderr.splitlines()]
-            reason = " ".join(line for line in lines if line and not line.startswith("No solution found"))
+            # uv's own warnings (a managed Python it may not fetch, say) are not why the resolution failed
+            said = [line for line in lines if line and not line.startswith(("No solution found", "warning:"))]
+            reason = " ".join(said)
             # uv names the index in its errors: its login and query (a token may ride there) are never shown
             for secret in secret_parts(env):
                 reason = reason.replace(secret.decode(), "***")
