@@ -17,6 +17,9 @@ import pytest
 
 from standins import closed_port_url
 
+# the run's time by phase, one line at its end (tests/phases.py)
+pytest_plugins = ["phases"]
+
 REPO = Path(__file__).resolve().parents[1]
 # tests never reach an upstream: a source archive missing from the cache is "fetched" from a port
 # where nothing listens, and fails in one line (tests/test_archives.py serves its own)

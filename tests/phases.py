@@ -1,0 +1,46 @@
+"""Where a test run's time went, in one line at its end: the slow shared fixtures (an image build, a bundle) by
+their own setup time, then the tests' own time by file. CI's budget is read from this, not guessed."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+# a shared fixture that takes this long is a phase of its own; the rest is counted with its tests
+PHASE_S = 20.0
+SHOWN_FILES = 5
+
+fixture_seconds: Counter[str] = Counter()
+file_seconds: Counter[str] = Counter()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest) -> Iterator[None]:
+    started = time.monotonic()
+    yield
+    took = time.monotonic() - started
+    if fixturedef.scope in ("session", "module", "package") and took >= PHASE_S:
+        fixture_seconds[f"{request.node.nodeid.split('::')[0].rsplit('/', 1)[-1]}:{fixturedef.argname}"] += took
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    file_seconds[report.nodeid.split("::")[0].rsplit("/", 1)[-1]] += report.duration
+
+
+def summary() -> str:
+    """One line: the phases, the files' time less the phases in them, the whole."""
+    total = sum(file_seconds.values())
+    phases = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in fixture_seconds.most_common())
+    own = Counter(file_seconds)
+    for name, seconds in fixture_seconds.items():  # a fixture's setup is in the report of the test that first used it
+        own[name.split(":", 1)[0]] -= seconds
+    files = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in own.most_common(SHOWN_FILES))
+    return f"time: {total:.0f} s in all; shared fixtures: {phases or 'none over 20 s'}; slowest files besides: {files}"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if file_seconds:
+        terminalreporter.write_line(summary())
