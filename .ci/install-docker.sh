@@ -39,7 +39,8 @@ PIN
 fi
 apt-get update -qq
 apt-get install -y -qq -t trixie docker.io docker-buildx docker-compose >/dev/null
-apt-get install -y -qq debootstrap >/dev/null
+# the tools tests run for real: debootstrap (--bootstrap-base), zsh (the completion script it loads)
+apt-get install -y -qq debootstrap zsh >/dev/null
 mkdir -p /etc/docker
 [ -f /etc/docker/daemon.json ] || echo '{"features": {"containerd-snapshotter": false}}' >/etc/docker/daemon.json
 if ! docker info >/dev/null 2>&1; then

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -63,20 +64,36 @@ def test_render_check_says_what_matches_and_takes_a_recipe(tmp_path: Path) -> No
 
 
 @pytest.mark.docker
-def test_verify_and_smoke_of_a_missing_image_are_one_line_each(docker_engine: object) -> None:
+def test_verify_and_smoke_of_a_missing_image_are_one_line_each_and_bad_input(docker_engine: object) -> None:
+    """An image named that the engine lacks is bad input (exit 2), as one without verlbox's labels is
+    (errors.EXIT_CODES: refused before anything changed); before, it was 1."""
     before = engine_leftovers()
     verify = run_verlbox("verify", "does/not:exist")
     line = one_error_line(verify.stderr)
-    assert verify.returncode == 1 and "does/not:exist is not on this engine" in line and "failed:" not in line
+    assert verify.returncode == 2 and "does/not:exist is not on this engine" in line and "failed:" not in line
     # p40's base comes from a registry, so its default tag is never on these machines
     smoke = run_verlbox("smoke", "p40")
     line = one_error_line(smoke.stderr)
     assert (
-        smoke.returncode == 1 and "verlbox/p40:0.1.0 is not on this engine: build it first: verlbox build p40" in line
+        smoke.returncode == 2 and "verlbox/p40:0.1.0 is not on this engine: build it first: verlbox build p40" in line
     )
     smoke_gpu = run_verlbox("smoke", "p40-cu124", "--gpu", "--image", "does/not:exist")
-    assert smoke_gpu.returncode == 1 and "does/not:exist is not on this engine" in one_error_line(smoke_gpu.stderr)
+    assert smoke_gpu.returncode == 2 and "does/not:exist is not on this engine" in one_error_line(smoke_gpu.stderr)
     assert engine_leftovers() == before
+
+
+@pytest.mark.docker
+def test_verify_of_an_image_without_the_recipe_label_is_bad_input_too(docker_engine: object, tmp_path: Path) -> None:
+    tag = f"verlbox-test/unlabelled-verify:{os.getpid()}"
+    (tmp_path / "marker").write_text(tag)
+    (tmp_path / "Dockerfile").write_text("FROM scratch\nCOPY marker /marker\n")
+    docker("buildx", "build", "-q", "--load", "-t", tag, str(tmp_path))
+    try:
+        result = run_verlbox("verify", tag)
+    finally:
+        docker("image", "rm", tag, check=False)
+    assert result.returncode == 2
+    assert one_error_line(result.stderr).endswith(f"{tag} names no recipe (no io.verlbox.recipe label): pass --recipe")
 
 
 @pytest.mark.docker

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_verlbox
+from conftest import REPO, run_verlbox
 from verlbox.host.recipes.recipe import load_recipe, recipe_names
 from verlbox.host.runs.doctor import (
     FAILED,
@@ -30,6 +30,7 @@ from verlbox.host.runs.doctor import (
     nvidia_runtime_finding,
     parse_nvidia_smi,
     recipe_finding,
+    recommend,
 )
 
 P40_535 = "0, Tesla P40, 6.1, 24576, 535.183.01"
@@ -116,15 +117,83 @@ def test_nvidia_runtime_verdicts(facts: RuntimeFacts, status: str, words: str) -
         assert "nvidia-ctk runtime configure --runtime=docker" in finding.fix and "restart Docker" in finding.fix
 
 
-def test_a_gpu_without_a_recipe_is_only_a_warning_beside_one_with_a_recipe(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(
-        "verlbox.host.runs.doctor.query_gpus",
-        lambda: [gpu("6.1", "550.54.14"), Gpu("1", "NVIDIA H200", "9.0", 1, "580")],
-    )
-    statuses = {finding.check: finding.status for finding in gpu_findings(recipes())}
+def test_a_gpu_without_a_recipe_is_only_a_warning_beside_one_with_a_recipe() -> None:
+    gpus = [gpu("6.1", "550.54.14"), Gpu("1", "NVIDIA H200", "9.0", 1, "580")]
+    statuses = {finding.check: finding.status for finding in gpu_findings(recipes(), gpus)}
     assert statuses == {"GPU 0": PASSED, "recipe for GPU 0": PASSED, "GPU 1": PASSED, "recipe for GPU 1": WARNING}
+
+
+# --- the one recipe to build ---
+
+P40_LOCKED_NOTE = "it is locked (built, and every package pinned from that build)"
+P40_FALLBACK = "p40 (CUDA 11.8, no lock) fits too, for a driver that cannot run CUDA 12.4"
+
+
+@pytest.mark.parametrize(
+    ("driver", "line"),
+    [
+        (
+            "535.183.01",
+            f"recommended: verlbox build p40-cu124: {P40_LOCKED_NOTE}, and driver 535.183.01 runs its CUDA 12.4 "
+            "through CUDA minor-version compatibility (>= 525.60.13), full support from 550.54.14; " + P40_FALLBACK,
+        ),
+        (
+            "550.54.14",
+            f"recommended: verlbox build p40-cu124: {P40_LOCKED_NOTE}, and driver 550.54.14 runs its CUDA 12.4; "
+            + P40_FALLBACK,
+        ),
+        (
+            "520.61.05",
+            "recommended: verlbox build p40: driver 520.61.05 runs its CUDA 11.8; it has no lock: `verlbox build p40 "
+            "--check` asks whether every pin is served; not p40-cu124: CUDA 12.4 needs driver >= 525.60.13, full "
+            "support from 550.54.14",
+        ),
+    ],
+    ids=["p40-driver-535", "p40-driver-550", "p40-driver-520"],
+)
+def test_one_recipe_is_recommended_by_the_rule(driver: str, line: str) -> None:
+    """Both P40 recipes run on 535 (CUDA 12.4 through compatibility): the locked one is named, with why, and p40
+    as the recipe for a driver that cannot run 12.4; a driver below 525 gets p40, saying why not the other."""
+    recommendation = recommend([gpu("6.1", driver)], recipes())
+    assert recommendation is not None and recommendation.line == line
+
+
+def test_the_rule_prefers_a_lock_then_full_driver_support_then_the_newer_cuda(tmp_path: Path) -> None:
+    """Recipe files of a user's own, copies of the shipped two: whether each is locked is whether a lock lies
+    beside it."""
+    shutil.copy(REPO / "recipes" / "_verl-0.4.1.yaml", tmp_path)
+    for name, shipped in (("new-locked", "p40-cu124"), ("new", "p40-cu124"), ("old", "p40")):
+        shutil.copy(REPO / "recipes" / f"{shipped}.yaml", tmp_path / f"{name}.yaml")
+    shutil.copy(REPO / "recipes" / "p40-cu124.lock.json", tmp_path / "new-locked.lock.json")
+    locked, new, old = (load_recipe(str(tmp_path / f"{name}.yaml")) for name in ("new-locked", "new", "old"))
+    assert (locked.cuda.version, new.cuda.version, old.cuda.version) == ("12.4", "12.4", "11.8")
+
+    def chosen(driver: str, *candidates: object) -> str:
+        recommendation = recommend([gpu("6.1", driver)], list(candidates))
+        assert recommendation is not None
+        return recommendation.recipe
+
+    assert chosen("535.183.01", old, locked, new) == "new-locked"  # a lock first, even through compatibility
+    assert chosen("535.183.01", new, old) == "old"  # no lock: 535 runs 11.8 fully, 12.4 only through compatibility
+    assert chosen("550.54.14", old, new) == "new"  # both fully: the newer CUDA
+    assert chosen("520.61.05", locked, old) == "old"  # a lock is no use on a driver that cannot run its CUDA
+
+
+def test_the_quickstart_builds_what_doctor_recommends_for_a_p40() -> None:
+    """The README's quickstart leads with one build: the recipe doctor names on a P40's usual drivers."""
+    readme = (REPO / "README.md").read_text()
+    quickstart = readme.split("## Quickstart", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    builds = [line.split()[2] for line in quickstart.splitlines() if line.startswith("verlbox build ")]
+    assert builds, quickstart
+    for nvidia_smi in (P40_535, P40_550):
+        recommendation = recommend(parse_nvidia_smi(nvidia_smi), recipes())
+        assert recommendation is not None and set(builds) == {recommendation.recipe}
+
+
+def test_no_recommendation_where_no_recipe_runs() -> None:
+    assert recommend([gpu("9.0", "580.159.04", "NVIDIA H200")], recipes()) is None
+    assert recommend([gpu("6.1", "418.226.00")], recipes()) is None
+    assert recommend([], recipes()) is None
 
 
 # --- the command, against the real engine ---
@@ -218,13 +287,19 @@ def test_recipe_verdict_and_exit_code_per_gpu(
     gib = f"{int(memory) / 1024:.1f} GiB"
     assert table["GPU 0"] == (PASSED, f"{name}, compute capability {capability}, {gib}, driver {driver}")
     fixes = [line for line in result.stdout.splitlines() if line.startswith("recipe for GPU 0: ")]
+    last = result.stdout.strip().splitlines()[-1]
     if returncode:
         assert fixes == [
             "recipe for GPU 0: write a recipe with target_gpus: ['9.0'] (README: Recipes), "
             "or use a GPU of compute capability 6.1"
         ]
+        assert "recommended:" not in result.stdout
     else:
         assert fixes == []
+        # the line a user acts on comes last, and names one recipe
+        recommendation = recommend(parse_nvidia_smi(nvidia_smi), recipes())
+        assert recommendation is not None and last == recommendation.line
+        assert last.startswith("recommended: verlbox build p40-cu124: it is locked")
 
 
 def test_no_nvidia_smi_at_all_says_so(docker_engine: object, compose_cli: None, tmp_path: Path) -> None:
@@ -265,6 +340,7 @@ def test_a_host_without_docker_gets_rows_not_a_traceback(tmp_path: Path) -> None
     assert table["Docker engine"] == (FAILED, "no docker command on PATH")
     assert table["buildx"][0] == FAILED and table["compose"][0] == FAILED
     assert table["recipe for GPU 0"][0] == PASSED
+    assert result.stdout.strip().splitlines()[-1].startswith("recommended: verlbox build p40-cu124: ")
 
 
 OLD_NVIDIA_SMI = """#!/bin/sh
@@ -289,3 +365,8 @@ def test_a_driver_too_old_to_report_compute_capability_still_gets_a_verdict(tmp_
     assert table["recipe for GPU 0"][0] == PASSED and table["recipe for GPU 0"][1].startswith("p40 (CUDA 11.8")
     assert "not p40-cu124" in table["recipe for GPU 0"][1]
     assert table["recipe for GPU 1"][0] == WARNING and "does not know Quadro K620's" in table["recipe for GPU 1"][1]
+    assert result.stdout.strip().splitlines()[-1] == (
+        "recommended: verlbox build p40: driver 470.256.02 runs its CUDA 11.8 through CUDA minor-version "
+        "compatibility (>= 450.80.02), full support from 520.61.05; it has no lock: `verlbox build p40 --check` asks "
+        "whether every pin is served; not p40-cu124: CUDA 12.4 needs driver >= 525.60.13, full support from 550.54.14"
+    )

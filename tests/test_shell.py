@@ -229,8 +229,8 @@ def run_folder(tmp_path: Path) -> Path:
     return folder
 
 
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 1, result.stdout + result.stderr
+def one_error_line(result: subprocess.CompletedProcess[str], code: int = 1) -> str:
+    assert result.returncode == code, result.stdout + result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("verlbox: error: "), result.stderr
     return lines[0]
@@ -239,13 +239,13 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
 def test_a_missing_image_is_one_line_and_creates_nothing(tiny_image: str, run_folder: Path) -> None:
     before = engine_state()
     absent = f"verlbox-test/absent:{os.getpid()}"
-    line = one_error_line(run_verlbox("shell", "--image", absent, "--", "true", cwd=run_folder))
+    line = one_error_line(run_verlbox("shell", "--image", absent, "--", "true", cwd=run_folder), code=2)
     assert line == (
         f"verlbox: error: {absent} is not on this engine: "
         f"build it first (verlbox build RECIPE --tag {absent}) or load it (docker load)"
     )
     (run_folder / ".env").write_text(f"VERLBOX_IMAGE={absent}\n")  # no recipe, no --image: the .env's image
-    line = one_error_line(run_verlbox("shell", "--no-gpu", cwd=run_folder))
+    line = one_error_line(run_verlbox("shell", "--no-gpu", cwd=run_folder), code=2)
     assert line.startswith(f"verlbox: error: {absent} is not on this engine")
     assert engine_state() == before
 
@@ -269,7 +269,7 @@ def test_with_a_dotenv_and_no_image_named_compose_default_is_checked_not_pulled(
     if docker("image", "inspect", "verlbox/p40:0.1.0", check=False).returncode == 0:
         assert result.returncode == 0, result.stderr  # built here earlier: it runs
     else:
-        line = one_error_line(result)
+        line = one_error_line(result, code=2)
         assert line == "verlbox: error: verlbox/p40:0.1.0 is not on this engine: build it first: verlbox build p40"
     assert engine_state() == before
 

@@ -1,7 +1,8 @@
 """The `verlbox` command: parses arguments and hands each command to its side.
 
 Host commands (recipes, render, build, lock, bundle, verify, smoke, overrides) live in verlbox.host.commands,
-doctor, init and shell in their own host modules; image commands (train, smoke-checks, prepare-data, fetch,
+doctor, init, shell, images and clean in their own modules under verlbox.host.runs, completion in
+verlbox.host.completion; image commands (train, smoke-checks, prepare-data, fetch,
 patch-verl) in verlbox.runtime.commands (fetch also runs on the host). Each is
 imported only when it runs, so the image never loads the host side. Every failure is one line and an
 exit code (errors.py); VERLBOX_DEBUG=1 adds the traceback.
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from verlbox import __version__
-from verlbox.errors import BAD_INPUT, VerlboxError
+from verlbox.errors import BAD_INPUT, FAILED, INTERRUPTED, VerlboxError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -43,12 +44,22 @@ HANDLERS = {
         "verify",
         "compare a built image with its recipe's lock; name every difference",
     ),
+    "images": (
+        "verlbox.host.runs.images",
+        "images",
+        "list the verlbox images on this engine: recipe, age, size, whether current (--verify: verify each)",
+    ),
+    "clean": (
+        "verlbox.host.runs.clean",
+        "clean",
+        "list (and with --yes remove) what verlbox's builds left: logs, cached sources, staging tags, cache mounts",
+    ),
     "smoke": ("verlbox.host.commands", "smoke", "run the image's smoke checks in a container and print the table"),
     "shell": ("verlbox.host.runs.shell", "shell", "a shell (or one command) in the image, set up as `train` is"),
     "doctor": (
         "verlbox.host.runs.doctor",
         "doctor",
-        "check this host (Docker, buildx, compose, NVIDIA runtime, GPUs, disk) and say which recipe fits",
+        "check this host (Docker, buildx, compose, NVIDIA runtime, GPUs, disk) and say which recipe to build",
     ),
     "init": (
         "verlbox.host.runs.runfolder",
@@ -61,6 +72,11 @@ HANDLERS = {
         "verlbox.host.commands",
         "report",
         "draw one run's reward, response length, speed and memory per step into a PNG",
+    ),
+    "completion": (
+        "verlbox.host.completion",
+        "completion",
+        "print a shell completion script (bash or zsh) for verlbox's commands, options and recipes",
     ),
     "train": ("verlbox.runtime.commands", "train", "(in the image) preflight, then verl PPO with the profile"),
     "smoke-checks": (
@@ -82,6 +98,71 @@ HANDLERS = {
 }
 
 RECIPE_HELP = "a shipped recipe's name, or a path to a YAML file (with a '/' or a .yaml suffix)"
+
+# the end of each command's --help: real command lines (tests/test_help.py parses every one)
+EXAMPLES = {
+    "": [
+        "verlbox doctor                          # can this host build and run? which recipe to build?",
+        "verlbox build p40-cu124",
+        "verlbox init run && cd run && docker compose up train",
+    ],
+    "recipes": ["verlbox recipes"],
+    "render": [
+        "verlbox render p40-cu124                # the Dockerfile, to stdout",
+        "verlbox render p40 -o p40.Dockerfile",
+        "verlbox render --check                  # dockerfiles/ still what the recipes render?",
+    ],
+    "build": [
+        "verlbox build p40-cu124                 # the recipe `verlbox doctor` recommends for a P40",
+        "verlbox build p40 --check               # seconds: is every pin still served upstream?",
+        "verlbox build p40-cu124 --offline bundle/",
+    ],
+    "lock": ["verlbox lock p40-cu124", "verlbox lock ./mine.yaml --image mine/p40:1"],
+    "bundle": ["verlbox bundle p40-cu124 --out bundle/"],
+    "verify": [f"verlbox verify verlbox/p40-cu124:{__version__}", "verlbox verify mine/p40:1 --recipe ./mine.yaml"],
+    "images": [
+        "verlbox images",
+        "verlbox images --verify                 # also verify each image (seconds each)",
+        "verlbox images --json",
+    ],
+    "clean": [
+        "verlbox clean                           # a dry run: what would go, and its size",
+        "verlbox clean --yes",
+        "verlbox clean --images --yes            # tagged images too, but not the one your .env names",
+    ],
+    "smoke": [
+        "verlbox smoke p40-cu124",
+        "verlbox smoke p40-cu124 --gpu --learn   # PPO and GRPO must learn (minutes)",
+        "verlbox smoke p40-cu124 --json -",
+    ],
+    "shell": [
+        "verlbox shell                           # bash in the run folder's image, as train runs",
+        "verlbox shell p40-cu124 --no-gpu",
+        "verlbox shell -- nvidia-smi             # one command instead of bash",
+    ],
+    "doctor": ["verlbox doctor"],
+    "init": ["verlbox init run", f"verlbox init run --image verlbox/p40-cu124:{__version__}"],
+    "overrides": [
+        "verlbox overrides p40-cu124",
+        "verlbox overrides p40-cu124 --profile grpo",
+        "verlbox overrides p40-cu124 trainer.total_epochs=2 --gpus-per-node 2",
+    ],
+    "runs": ["verlbox runs", "verlbox runs --run ~/run", "verlbox runs checkpoints/"],
+    "report": ["verlbox report", "verlbox report qwen2.5-0.5b-gsm8k-ppo --out ppo.png"],
+    "completion": [
+        "verlbox completion bash > ~/.local/share/bash-completion/completions/verlbox",
+        "verlbox completion zsh > ~/.zfunc/_verlbox   # a folder on your $fpath",
+    ],
+    "train": ["verlbox train --dry-run", "verlbox train --profile grpo trainer.total_epochs=2"],
+    "smoke-checks": ["verlbox smoke-checks", "verlbox smoke-checks --gpu --json -"],
+    "prepare-data": ["verlbox prepare-data gsm8k --source data/gsm8k-raw --out data/gsm8k"],
+    "fetch": ["verlbox fetch model", "verlbox fetch data --run ~/run"],
+    "patch-verl": ["verlbox patch-verl /opt/venv/lib/python3.11/site-packages"],
+}
+
+
+def _examples(command: str) -> str:
+    return "examples:\n" + "\n".join(f"  {example}" for example in EXAMPLES[command])
 
 
 class _Parser(argparse.ArgumentParser):
@@ -106,10 +187,24 @@ def _add_build_sources(sub: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="verlbox", description="Reproducible verl images for old GPUs.")
+    parser = _Parser(
+        prog="verlbox",
+        description="Reproducible verl images for old GPUs.",
+        epilog=_examples(""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"verlbox {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-    sub = {name: commands.add_parser(name, help=text, description=text) for name, (_, _, text) in HANDLERS.items()}
+    sub = {
+        name: commands.add_parser(
+            name,
+            help=text,
+            description=text,
+            epilog=_examples(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        for name, (_, _, text) in HANDLERS.items()
+    }
 
     sub["render"].add_argument("recipe", nargs="?", help=f"{RECIPE_HELP}; with --check/--sync, only this one")
     sub["render"].add_argument("-o", "--output", help="write the Dockerfile to this file instead of stdout")
@@ -219,7 +314,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-gpu", action="store_true", help="start without a GPU (no NVIDIA runtime needed): inspect, smoke on CPU"
     )
     shell.set_defaults(one_command=[])
-    shell.epilog = "verlbox shell [RECIPE] -- CMD ARGS...  runs one command instead of bash"
+
+    images = sub["images"]
+    images.add_argument("--verify", action="store_true", help="also run `verlbox verify` on each image (seconds each)")
+    images.add_argument("--json", action="store_true", help="print the rows as JSON (for scripts)")
+
+    clean = sub["clean"]
+    clean.add_argument("--yes", action="store_true", help="remove what is listed (default: only list it)")
+    clean.add_argument(
+        "--images",
+        action="store_true",
+        help="also the tagged verlbox images, except one a run folder's .env names (this one's, --run DIR's, or a "
+        "compose project's on the engine) or a container uses",
+    )
+    clean.add_argument(
+        "--all-build-cache",
+        action="store_true",
+        help="prune every BuildKit record not in use, build layers and other projects' too (`docker buildx prune "
+        "--all`), not only verlbox's cache mounts",
+    )
+
+    sub["completion"].add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
 
     sub["runs"].add_argument(
         "folder", nargs="?", help="a checkpoints folder, or one run's (default: the run folder's checkpoints)"
@@ -294,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a branch, tag or commit (default: $VERLBOX_MODEL_REVISION / $VERLBOX_DATA_REVISION, else main)",
     )
 
-    for name in ("shell", "fetch", "runs", "report"):
+    for name in ("shell", "fetch", "runs", "report", "clean"):
         sub[name].add_argument(
             "--run",
             metavar="DIR",
@@ -333,14 +448,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("verlbox: interrupted")
-        return 130
+        return INTERRUPTED
     except Exception as exc:  # a bug, not bad input: still one line unless asked for more
         if os.environ.get("VERLBOX_DEBUG") == "1":
             traceback.print_exc()
         err.print(
             f"verlbox: internal error: {type(exc).__name__}: {exc} (VERLBOX_DEBUG=1 shows the traceback)", markup=False
         )
-        return 1
+        return FAILED
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from verlbox.errors import VerlboxError
+from verlbox.errors import MissingImage, VerlboxError
 from verlbox.host.clients.reference import ImageReference
 
 
@@ -48,7 +48,7 @@ def require_image(reference: str, missing_hint: str) -> None:
     if run.returncode == 0:
         return
     if "no such image" in run.stderr.lower():
-        raise EngineError(f"{reference} is not on this engine: {missing_hint}")
+        raise MissingImage(f"{reference} is not on this engine: {missing_hint}")
     client()  # no engine at all: its own one-line error
     raise EngineError(f"cannot inspect {reference}: {run.stderr.strip().splitlines()[-1][-300:]}")
 

@@ -2,7 +2,8 @@
 
 Facts are gathered once (the engine's info, nvidia-smi's table); each verdict is a plain function of
 them, so tests can feed the facts of hosts they are not. Output: one table (check / result / detail),
-then one line per problem with its fix. Exit 0 only when a build and a GPU run can work.
+one line per problem with its fix, then the one recipe to build when any fits (`recommend`: where
+several fit, a user should not have to weigh them). Exit 0 only when a build and a GPU run can work.
 """
 
 from __future__ import annotations
@@ -263,19 +264,17 @@ def recipe_finding(gpu: Gpu, recipes: list[RecipeHead]) -> Finding:
     return Finding(check, PASSED, detail)
 
 
-def gpu_findings(recipes: list[RecipeHead]) -> list[Finding]:
-    try:
-        gpus = query_gpus()
-    except GpuQueryError as exc:
-        return [
-            Finding(
-                "GPUs",
-                FAILED,
-                str(exc),
-                f"install the NVIDIA driver so that `nvidia-smi` works (Pascal GPUs such as the P40: "
-                f"branch {PASCAL_LAST_BRANCH} or older)",
-            )
-        ]
+def gpu_query_finding(problem: GpuQueryError) -> Finding:
+    return Finding(
+        "GPUs",
+        FAILED,
+        str(problem),
+        f"install the NVIDIA driver so that `nvidia-smi` works (Pascal GPUs such as the P40: "
+        f"branch {PASCAL_LAST_BRANCH} or older)",
+    )
+
+
+def gpu_findings(recipes: list[RecipeHead], gpus: list[Gpu]) -> list[Finding]:
     if not gpus:
         return [Finding("GPUs", FAILED, "nvidia-smi lists no GPU", "check that the GPU is seated and powered")]
     findings = []
@@ -298,6 +297,72 @@ def _at_least_one_fit(findings: list[Finding]) -> list[Finding]:
     if not any(verdict.status == PASSED for verdict in verdicts):
         return findings
     return [Finding(f.check, WARNING, f.detail, f.fix) if f in verdicts and f.status == FAILED else f for f in findings]
+
+
+# --- the one recipe to build ---
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    recipe: str
+    reason: str
+
+    @property
+    def line(self) -> str:
+        return f"recommended: verlbox build {self.recipe}: {self.reason}"
+
+
+def _is_locked(recipe: RecipeHead) -> bool:
+    return recipe.lock_path is not None and recipe.lock_path.is_file()
+
+
+def _cuda(recipe: RecipeHead) -> Version:
+    return _version(recipe.cuda.version) or Version("0")
+
+
+def _runs_on(recipe: RecipeHead, gpus: list[Gpu]) -> list[Gpu]:
+    """The GPUs RECIPE targets whose driver runs its CUDA."""
+    return [
+        gpu
+        for gpu in gpus
+        if gpu.compute_capability in recipe.target_gpus and driver_support(gpu.driver, recipe.cuda.version)[0]
+    ]
+
+
+def recommend(gpus: list[Gpu], recipes: list[RecipeHead]) -> Recommendation | None:
+    """The recipe to build, by one rule. Of the recipes that run on the most GPUs here: a locked one first (an
+    image of it was built and every package pinned from that build, so a build installs exactly what was
+    built and tested before), then one whose CUDA the driver supports fully rather than through CUDA's
+    minor-version compatibility, then the newer CUDA. None when no recipe runs on any GPU (the rows say why)."""
+    runs_on = {recipe.name: _runs_on(recipe, gpus) for recipe in recipes}
+    most = max(map(len, runs_on.values()), default=0)
+    if most == 0:
+        return None
+
+    def rank(recipe: RecipeHead) -> tuple[bool, bool, Version]:
+        full = all(driver_support(gpu.driver, recipe.cuda.version) == (True, "") for gpu in runs_on[recipe.name])
+        return _is_locked(recipe), full, _cuda(recipe)
+
+    *others, chosen = sorted((recipe for recipe in recipes if len(runs_on[recipe.name]) == most), key=rank)
+    driver = runs_on[chosen.name][0].driver  # one host, one driver
+    support = driver_support(driver, chosen.cuda.version)[1]
+    runs = f"driver {driver} runs its CUDA {chosen.cuda.version}" + (f" {support}" if support else "")
+    if _is_locked(chosen):
+        reasons = [f"it is locked (built, and every package pinned from that build), and {runs}"]
+    else:
+        reasons = [f"{runs}; it has no lock: `verlbox build {chosen.name} --check` asks whether every pin is served"]
+    for other in reversed(others):  # the next best first
+        what = f"{other.name} (CUDA {other.cuda.version}{'' if _is_locked(other) else ', no lock'}) fits too"
+        if _cuda(other) < _cuda(chosen):
+            what += f", for a driver that cannot run CUDA {chosen.cuda.version}"
+        reasons.append(what)
+    targeted = {gpu.compute_capability for gpu in gpus}
+    for recipe in recipes:  # aimed at these GPUs, but their driver is too old for it
+        if not runs_on[recipe.name] and targeted & set(recipe.target_gpus):
+            reasons.append(
+                f"not {recipe.name}: CUDA {recipe.cuda.version} {driver_support(driver, recipe.cuda.version)[1]}"
+            )
+    return Recommendation(chosen.name, "; ".join(reasons))
 
 
 # --- Docker engine, plugins, disk ---
@@ -383,14 +448,19 @@ def disk_finding(engine: Any) -> Finding:
     return Finding("disk", PASSED, detail)
 
 
-def host_findings() -> list[Finding]:
+def host_findings() -> tuple[list[Finding], Recommendation | None]:
     engine_row, engine = engine_finding()
     findings = [engine_row, buildx_finding(), compose_finding()]
     if engine is None:
         findings.append(Finding("NVIDIA runtime", SKIPPED, "no Docker engine to ask"))
     else:
         findings += [nvidia_runtime_finding(runtime_facts(engine)), disk_finding(engine)]
-    return findings + gpu_findings([load_recipe(name) for name in recipe_names()])
+    recipes = [load_recipe(name) for name in recipe_names()]
+    try:
+        gpus = query_gpus()
+    except GpuQueryError as exc:
+        return [*findings, gpu_query_finding(exc)], None
+    return findings + gpu_findings(recipes, gpus), recommend(gpus, recipes)
 
 
 def print_findings(findings: list[Finding], console: Console) -> None:
@@ -406,6 +476,8 @@ def print_findings(findings: list[Finding], console: Console) -> None:
 def doctor(args: argparse.Namespace) -> int:
     # piped output keeps every detail whole on one line: no wrapping at 80 columns, no ellipsis
     console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 400)
-    findings = host_findings()
+    findings, recommendation = host_findings()
     print_findings(findings, console)
+    if recommendation:  # last: the line a user acts on
+        console.print(recommendation.line, markup=False)
     return 1 if any(finding.status == FAILED for finding in findings) else 0
