@@ -62,6 +62,8 @@ def test_the_registry_is_read_from_buildkits_words() -> None:
         'manifests/bookworm-slim": dial tcp: lookup registry-1.docker.io on 127.0.0.53:53: no such host'
     )
     assert unreachable_registry(lookup) == "registry-1.docker.io"
+    ipv6 = 'failed to do request: Head "https://[2600::1]/v2/": dial tcp [2600::1]:443: connect: network unreachable'
+    assert unreachable_registry(ipv6) == "[2600::1]"
     assert unreachable_registry("#5 ERROR: process did not complete successfully: exit code: 1") is None
 
 

@@ -58,7 +58,8 @@ def failure_excerpt(log: str, lines: int = 15) -> str:
 # BuildKit's words when the registry of a FROM cannot be reached: a name that does not resolve, a refused or
 # timed-out connection, while it resolves the base's metadata
 _UNREACHABLE = re.compile(
-    r"failed to (?:resolve source metadata|do request).*?(?:lookup (?P<lookup>[^\s:]+)|dial tcp (?P<dial>[^\s:]+))"
+    r"failed to (?:resolve source metadata|do request).*?"
+    r"(?:lookup (?P<lookup>[^\s:]+)|dial tcp (?P<dial>\[[^\]]+\]|[^\s:]+))"
 )
 
 
@@ -75,16 +76,19 @@ def unreachable_registry(log: str) -> str | None:
     return None
 
 
-def _bootstrapped(plan: BuildPlan) -> str:
-    """Says so when the base --bootstrap-base makes is already on the engine (no debootstrap needed)."""
+def _without_a_registry(plan: BuildPlan) -> str:
+    """How to build PLAN where its base's registry cannot be reached: --bootstrap-base where the recipe says how
+    (and whether its base is already on the engine), else a copy of the base loaded or a mirror's."""
     bootstrap = plan.recipe.base.bootstrap
     if bootstrap is None:
-        return ""
+        return f"`docker load` a saved {plan.base_image}, or name a mirror's copy with --base-image REF"
     try:
         present = image_exists(client(), bootstrap.reference)
     except VerlboxError:
-        return ""
-    return f" ({bootstrap.reference}, the base it makes, is already on this engine)" if present else ""
+        present = False
+    return "build with --bootstrap-base" + (
+        f" ({bootstrap.reference}, the base it makes, is already on this engine)" if present else ""
+    )
 
 
 @dataclass
@@ -209,8 +213,7 @@ def run_buildx(
         if unreachable := unreachable_registry(said):
             raise BuildError(
                 f"the build of {plan.recipe.name} could not fetch its base {plan.base_image}: {unreachable} cannot "
-                f"be reached. On a machine without a registry, build with --bootstrap-base{_bootstrapped(plan)}. "
-                f"Full log: {log_path}"
+                f"be reached. On a machine without a registry, {_without_a_registry(plan)}. Full log: {log_path}"
             )
         raise BuildError(
             f"the build of {plan.recipe.name} failed (exit {returncode}); previous images and "

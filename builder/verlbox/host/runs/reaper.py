@@ -19,14 +19,13 @@ POLL_S = 0.5
 
 def alive(pid: int) -> bool:
     """PID runs: a zombie (ended, its parent not yet told) has gone, though it still answers signals."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc (not Linux): ask with a signal
-        pass
-    try:
+    if os.path.isdir("/proc/self"):
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                return stat.read().rpartition(")")[2].split()[0] != "Z"
+        except OSError:
+            return False
+    try:  # no /proc (not Linux): ask with a signal
         os.kill(pid, 0)
     except (ProcessLookupError, PermissionError):  # PermissionError: someone else's process under a reused number
         return False

@@ -29,6 +29,7 @@ from verlbox import paths
 from verlbox.dotenv import dotenv_values
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.building.build import image_for
+from verlbox.host.runs.settings import check_gpu_count
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -181,18 +182,24 @@ def remove_one_off(engine: Any, container: str, project: str, networks_before: s
 
 
 @contextlib.contextmanager
-def _stops_end_the_container(engine: Any, container: str) -> Iterator[list[int]]:
+def _stops_end_the_container(engine: Any, container: str, compose: subprocess.Popen[bytes]) -> Iterator[list[int]]:
     """Ctrl-C, SIGTERM or SIGHUP to verlbox stop the one-off container (compose then returns), whether or not
-    compose got the signal too (Ctrl-C in a terminal reaches both; `kill` or `timeout` only verlbox). Yields
-    the signals that came. A Python handler, unlike SIG_IGN, is not inherited by compose."""
+    compose got the signal too (Ctrl-C in a terminal reaches both; `kill` or `timeout` only verlbox); before
+    compose has made the container, compose itself is stopped. Yields the signals that came. A Python handler,
+    unlike SIG_IGN, is not inherited by compose."""
     import docker
 
     came: list[int] = []
 
     def stop(signum: int, frame: object) -> None:
         came.append(signum)
-        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # gone already, or going
+        try:
             engine.containers.get(container).stop(timeout=10)
+        except docker.errors.NotFound:  # not made yet: compose goes, and what it made is removed after
+            with contextlib.suppress(ProcessLookupError):
+                compose.terminate()
+        except docker.errors.APIError:  # going already
+            pass
 
     previous = {signum: signal.signal(signum, stop) for signum in STOPS}
     try:
@@ -227,11 +234,20 @@ def run_checked(args: argparse.Namespace, run: ComposeRun, where: str | None = N
     before = {network.name for network in _project_networks(engine, project["name"])}
     reaper = _start_reaper(run.container, project["name"], before)
     try:
-        with _stops_end_the_container(engine, run.container) as came:
-            returncode = subprocess.run(run.command, env=os.environ | run.environment, check=False).returncode
+        with (
+            subprocess.Popen(run.command, env=os.environ | run.environment) as compose,
+            _stops_end_the_container(engine, run.container, compose) as came,
+        ):
+            returncode = compose.wait()
     finally:
-        remove_one_off(engine, run.container, project["name"], before)
-        reaper.terminate()
+        try:
+            remove_one_off(engine, run.container, project["name"], before)
+        except VerlboxError as exc:  # the engine gone meanwhile: the reaper, still there, tries again
+            err.print(f"verlbox: could not remove {run.container} ({exc})", markup=False)
+        except Exception as exc:  # an engine error mid-removal must not hide the run's own exit code
+            err.print(f"verlbox: could not remove {run.container} ({type(exc).__name__}: {exc})", markup=False)
+        else:
+            reaper.terminate()
     if came:
         return 128 + came[0]
     return 128 - returncode if returncode < 0 else returncode
@@ -248,6 +264,7 @@ def shell(args: argparse.Namespace) -> int:
             "(`verlbox init DIR` makes one), or name the image: verlbox shell RECIPE, or --image REF"
         )
     workdir = run.path if run else Path.cwd()
+    check_gpu_count(workdir, os.environ)
     # outside a run folder, a look at the image (`docker run --rm -it` as a user expects): none of the folders
     resets = (NO_GPU if args.no_gpu else "") + (NO_FOLDERS if run is None else "")
     where = run.described if run else f"no run folder here: {image_for(args)} alone, without a run folder's mounts"

@@ -115,6 +115,8 @@ def generate(
 def _unsupported(model: nn.Module, config: GenerationConfig, input_ids: torch.Tensor, graphs: bool) -> str | None:
     if (config.num_beams or 1) > 1:
         return "beam search is not decoded here"
+    if config.stop_strings or config.max_time:
+        return "stop_strings and max_time are generate's own stopping rules"
     if not getattr(model, "_supports_static_cache", False):
         return f"{type(model).__name__} has no static KV cache in this transformers"
     device = input_ids.device
@@ -137,6 +139,11 @@ def _static_decode(
     rows, prompt_width = input_ids.shape
     new_tokens = config.max_new_tokens
     width = prompt_width + new_tokens
+    # as generate's _prepare_generated_length: the processors that read them (a forced EOS, min_new_tokens)
+    # count from the prompt's width
+    config.max_length = width
+    if config.min_new_tokens:
+        config.min_length = prompt_width + config.min_new_tokens
     model._prepare_special_tokens(config, True, device=device)
     processors = model._get_logits_processor(
         generation_config=config,
@@ -253,9 +260,11 @@ class _DecodeStep:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            # thread_local: a watchdog thread of NCCL's (a Ray worker's process group) that queries an event
+            # meanwhile must not invalidate the capture
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 graph_logits = self._forward()
-        except RuntimeError as exc:
+        except Exception as exc:  # whatever the capture met, the decode goes on eagerly
             self.capture_failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return logits
         self.graph, self.graph_logits = graph, graph_logits
