@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,10 +42,15 @@ def test_a_save_ends_when_the_tracker_names_it_and_its_files_are_whole(tmp_path:
         None,
         Progress(samples_per_step=16, memory_limit_gib=24),
         lambda line: None,
-        save_written=lambda path: checkpoints.save_written(path, CONTENTS),
+        save_written=lambda path, since: checkpoints.save_written(path, CONTENTS, since),
     )
+    write_save(step_folder)  # an older save of this step, complete, its tracker written before this save began
+    (folder / checkpoints.TRACKER).write_text("4")
+    old = time.time() - 60
+    os.utime(folder / checkpoints.TRACKER, (old, old))
     watch.take(f"(TaskRunner pid=7) local_global_step_folder: {step_folder}", attempt=1)
-    assert watch.saving
+    assert watch.saving  # the old tracker says nothing of this save
+    shutil.rmtree(step_folder)
     write_save(step_folder, roles=("actor",))
     (folder / checkpoints.TRACKER).write_text("2")  # the previous save's
     assert watch.saving

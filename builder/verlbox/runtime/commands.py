@@ -5,6 +5,7 @@ fetch and prepare-data also run on the host; train and smoke-checks need the ima
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import sys
@@ -43,11 +44,13 @@ def train(args: argparse.Namespace) -> int:
     instead of exiting into Docker's restart of the same failure. A one-off exits with its code at once: a dry
     run, or a command typed with overrides (`up` runs the file's fixed command)."""
     from verlbox.runtime.training import supervisor
-    from verlbox.runtime.training.overrides import OverrideError
     from verlbox.runtime.training.progress import ConsoleGuard
     from verlbox.runtime.training.run_record import AlreadyRunning
 
-    waits = supervisor.holds(os.environ, args.on_halt) and not args.dry_run
+    # --on-halt is followed as given; the environment's wait (run folders from before the flag) is compose's
+    # service only: a dry run or a command typed with overrides is a one-off and exits
+    one_off = args.dry_run or (args.on_halt is None and bool(args.overrides))
+    waits = supervisor.holds(os.environ, args.on_halt) and not one_off
     # a console gone (EIO, a full disk under `2> file`) must not turn a hold into exit 1 and Docker's restart
     say = ConsoleGuard().guarding(lambda text: err.print(text, markup=False))
     supervisor.clear_halt()
@@ -60,10 +63,27 @@ def train(args: argparse.Namespace) -> int:
         say(f"verlbox: error: {failure}")
         return supervisor.hold(failure.exit_code, str(failure), say)
     except VerlboxError as exc:
-        if not waits or isinstance(exc, AlreadyRunning) or (args.overrides and isinstance(exc, OverrideError)):
+        if not waits or isinstance(exc, AlreadyRunning):
             raise
         say(f"verlbox: error: {exc}")
-        return supervisor.hold(exc.exit_code, str(exc), say)
+        # a record the full disk kept from being written (train.supervised_run) is tried again while it holds
+        return supervisor.hold(exc.exit_code, str(exc), say, retry=getattr(exc, "pending_write", None))
+    finally:
+        _let_go_of_a_dead_console()
+
+
+def _let_go_of_a_dead_console() -> None:
+    """Python flushes stdout and stderr as it exits, and a flush that fails there turns every exit code into
+    120 (143 for a stop, 3 for a halt, 0 for a finished run: Docker would restart that one). What a dead
+    console still holds goes to /dev/null instead."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(devnull, stream.fileno())
+            os.close(devnull)
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -253,11 +253,17 @@ def is_complete(step_folder: Path, load_contents: dict[str, tuple[str, ...]]) ->
     return sizes is None or bool(sizes)
 
 
-def save_written(step_folder: Path, load_contents: dict[str, tuple[str, ...]]) -> bool:
-    """verl has finished writing STEP_FOLDER: it writes the tracker last, naming this step, and the folder is
-    complete. What the disk says, whichever loggers print the step's line."""
+def save_written(step_folder: Path, load_contents: dict[str, tuple[str, ...]], since: float = 0.0) -> bool:
+    """verl has finished writing STEP_FOLDER: it writes the tracker last, naming this step, after SINCE (when the
+    save began: a tracker already naming the step, as when a run saves over an older folder, says nothing of this
+    save), and the folder is complete. What the disk says, whichever loggers print the step's line."""
     match = STEP_FOLDER.fullmatch(step_folder.name)
     if match is None or read_tracker(step_folder.parent) != int(match[1]):
+        return False
+    try:
+        if (step_folder.parent / TRACKER).stat().st_mtime < since:
+            return False
+    except OSError:
         return False
     return is_complete(step_folder, load_contents)
 

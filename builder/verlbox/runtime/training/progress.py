@@ -20,12 +20,14 @@ import re
 import statistics
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TypeVar
 
+from rich.console import Console
 from rich.text import Text
 
 from verlbox.runtime.training import utilization
@@ -42,6 +44,8 @@ STEP_LINE = re.compile(r"^step:(\d+) - (.*)$")
 TOTAL_LINE = re.compile(r"Total training steps: (\d+)")
 # printed by verl as a save begins; its step's line follows once the save is written
 SAVE_STARTS = "local_global_step_folder: "
+# a tracker written as the save's line is read may carry an mtime a little before it (coarse file system clocks)
+CLOCK_SLACK_S = 2.0
 # verl's own tqdm bar repeats what the compact line says, as carriage-return noise
 TQDM_BAR = "Training Progress:"
 
@@ -340,6 +344,21 @@ class ConsoleGuard:
             sys.stderr.flush()
 
 
+class GuardedConsole:
+    """A rich Console whose print a dead console cannot turn into an exit (rich's SystemExit on a broken pipe, an
+    EIO): from the first line `train` says, before the run watch takes over the console."""
+
+    def __init__(self, console: Console, guard: ConsoleGuard | None = None) -> None:
+        self._console = console
+        self.guard = guard or ConsoleGuard()
+
+    def print(self, *objects: object, **options: object) -> None:
+        self.guard.write(lambda _: self._console.print(*objects, **options), "")
+
+    def __getattr__(self, name: str) -> object:  # status, file, width: the console's own
+        return getattr(self._console, name)
+
+
 class RunWatch:
     """Takes verl's output line by line: everything to FOLDER/verl.log, steps to FOLDER/metrics.jsonl and the
     compact line to SHOW, other lines to SHOW as they are (a warning or a traceback is seen where it happens).
@@ -354,17 +373,18 @@ class RunWatch:
         folder: Path | None,
         progress: Progress,
         show: Callable[[Text | str], None],
-        save_written: Callable[[Path], bool] = lambda step_folder: False,
+        save_written: Callable[[Path, float], bool] = lambda step_folder, since: False,
     ) -> None:
         """FOLDER None: plain (VERLBOX_PROGRESS=plain): verl's lines shown as they are, no files, and the
         save still seen, so that a stop during a save is still held. SAVE_WRITTEN: whether verl has finished
-        writing a step folder, read from the disk (the save ends there, whatever verl's loggers print)."""
+        writing a step folder since a time, read from the disk (the save ends there, whatever verl's loggers print)."""
         self.folder = folder
         self.progress = progress
         self.show = show
         self._saving = threading.Event()
         self._save_written = save_written
         self._saving_into: Path | None = None
+        self._saving_since = 0.0  # the time the save began, as the file system's clock counts (a tracker's mtime)
         self._attempt = 0
         self._log = FileSink(folder / LOG_FILE, self._say) if folder else None
         self._metrics = FileSink(folder / METRICS_FILE, self._say) if folder else None
@@ -377,7 +397,7 @@ class RunWatch:
         if not self._saving.is_set():
             return False
         into = self._saving_into
-        if into is not None and self._save_written(into):
+        if into is not None and self._save_written(into, self._saving_since):
             self._saving.clear()
             return False
         return True
@@ -454,6 +474,7 @@ class RunWatch:
     def _save_began(self, text: str) -> None:
         # verl names the folder as it joins it, relative to its working directory, which is train's
         self._saving_into = Path(text.removeprefix(SAVE_STARTS).strip()).absolute()
+        self._saving_since = time.time() - CLOCK_SLACK_S
         self._saving.set()
 
     def _record(self, step: int, metrics: dict[str, float], attempt: int) -> None:

@@ -136,6 +136,12 @@ class RunLog:
         self.run.ended, self.run.outcome, self.run.last_step = now(), outcome, last_step
         self._write()
 
+    def write_pending(self) -> bool:
+        """Write what a full disk held back; True once nothing is pending."""
+        if self.unwritten:
+            self._write()
+        return not self.unwritten
+
     def _write(self) -> None:
         try:
             _write(self.folder, self.runs)

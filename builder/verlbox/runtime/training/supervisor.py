@@ -29,6 +29,7 @@ from verlbox.runtime.training.progress import ConsoleGuard, RunWatch
 # compose's healthcheck looks for it: a halted run shows as unhealthy in `docker compose ps`
 HALT_FILE = Path("/tmp/verlbox-halted")
 ON_HALT = "VERLBOX_ON_HALT"
+RETRY_S = 60.0  # a held run tries a record the full disk kept from being written again this often
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # in the environment of verl and all it starts: what is still running after it has ended is found by it
 ATTEMPT_MARKER = "VERLBOX_ATTEMPT"
@@ -332,9 +333,10 @@ def clear_halt() -> None:
     HALT_FILE.unlink(missing_ok=True)
 
 
-def hold(exit_code: int, reason: str, say: Callable[[str], None]) -> int:
+def hold(exit_code: int, reason: str, say: Callable[[str], None], retry: Callable[[], bool] | None = None) -> int:
     """Stay up with the reason on record until stopped, then exit with EXIT_CODE: an exit would have Docker
-    restart the container into the same failure."""
+    restart the container into the same failure. RETRY (a record the full disk kept from being written) is
+    tried every RETRY_S seconds until it says it is done: room freed during the hold lets it land."""
     say = ConsoleGuard().guarding(say)  # a dead console must not end the hold: the reason is in HALT_FILE
     try:
         HALT_FILE.write_text(reason + "\n")
@@ -345,6 +347,7 @@ def hold(exit_code: int, reason: str, say: Callable[[str], None]) -> int:
         "`docker compose up -d --force-recreate train`, or stop with `docker compose down`"
     )
     with StopRequest() as stop:
-        while not stop.wait(3600):
-            pass
+        while not stop.wait(RETRY_S if retry else 3600):
+            if retry is not None and retry():
+                retry = None
     return exit_code

@@ -317,6 +317,9 @@ def train(
     nodes: int | None = None,
     profile: str | None = None,
 ) -> int:
+    # a console that dies before verl starts must not end train either (rich would exit 1, and no hold)
+    console = progress.GuardedConsole(console)  # type: ignore[assignment]
+
     def say(line: str) -> None:
         console.print(line, markup=False)
 
@@ -418,6 +421,9 @@ def supervised_run(
                 log.ended(outcome, checkpoints.newest_step(overrides))
             except (VerlboxError, OSError) as exc:  # a full disk must not hide how the run ended
                 say(f"run record: could not note the end ({exc})")
+            halted = sys.exc_info()[1]
+            if log.unwritten and isinstance(halted, VerlboxError):  # the hold tries it again (commands.train)
+                halted.pending_write = log.write_pending  # type: ignore[attr-defined]
 
 
 def progress_mode(environ: dict[str, str]) -> str:
@@ -471,7 +477,7 @@ def run_watch(
         None if plain_mode else folder,
         steps,
         show,
-        save_written=lambda step_folder: checkpoints.save_written(step_folder, load_contents),
+        save_written=lambda step_folder, since: checkpoints.save_written(step_folder, load_contents, since),
     )
 
 
