@@ -300,10 +300,15 @@ class ConsoleGuard:
 
     def __init__(self, kept_in: str = "") -> None:
         self.failed: str | None = None
-        self.failure = ""  # the sentence that says it
-        self._kept_in = kept_in  # where verl's lines still go
+        self.failed_at = ""
+        self.kept_in = kept_in  # where verl's lines still go, once a run watch takes them
         self._told = False
         self._lock = threading.Lock()
+
+    @property
+    def failure(self) -> str:
+        """The sentence that says it."""
+        return f"the console failed at {self.failed_at} ({self.failed}) and was not written to again{self.kept_in}"
 
     def write(self, show: Callable[[Shown], None], text: Shown) -> None:
         if self.failed is not None:
@@ -321,10 +326,7 @@ class ConsoleGuard:
         cause = exc.__context__ if isinstance(exc, SystemExit) and exc.__context__ else exc
         with self._lock:  # the reader and the supervisor may find it dead at once
             if self.failed is None:
-                self.failed = f"{type(cause).__name__}: {cause}"
-                self.failure = (
-                    f"the console failed at {now()} ({self.failed}) and was not written to again{self._kept_in}"
-                )
+                self.failed, self.failed_at = f"{type(cause).__name__}: {cause}", now()
 
     def news(self) -> str | None:
         """The failure, the first time it is asked for once there is one."""
@@ -374,6 +376,7 @@ class RunWatch:
         progress: Progress,
         show: Callable[[Text | str], None],
         save_written: Callable[[Path, float], bool] = lambda step_folder, since: False,
+        guard: ConsoleGuard | None = None,
     ) -> None:
         """FOLDER None: plain (VERLBOX_PROGRESS=plain): verl's lines shown as they are, no files, and the
         save still seen, so that a stop during a save is still held. SAVE_WRITTEN: whether verl has finished
@@ -388,7 +391,9 @@ class RunWatch:
         self._attempt = 0
         self._log = FileSink(folder / LOG_FILE, self._say) if folder else None
         self._metrics = FileSink(folder / METRICS_FILE, self._say) if folder else None
-        self.console = ConsoleGuard(f"; verl's lines are in {folder / LOG_FILE}" if folder else "")
+        # one guard for the console from train's first line: a console that died before verl started is still news
+        self.console = guard or ConsoleGuard()
+        self.console.kept_in = f"; verl's lines are in {folder / LOG_FILE}" if folder else ""
 
     @property
     def saving(self) -> bool:

@@ -386,7 +386,8 @@ def supervised_run(
     folder = checkpoints.Settings.from_overrides(overrides).local_folder
     watch = run_watch(folder, overrides, environ, facts, console)
     # from here a dead console must end neither the reader nor the supervisor (its restarts say lines)
-    say = (watch.console if watch else progress.ConsoleGuard()).guarding(say)
+    guard = console.guard if isinstance(console, progress.GuardedConsole) else progress.ConsoleGuard()
+    say = (watch.console if watch else guard).guarding(say)
     log = run_record.RunLog(folder, new_run(plan, overrides, environ, facts, gpu_memory_gib), say) if folder else None
 
     def before_restart(after: str, from_step: int | None) -> None:
@@ -478,6 +479,7 @@ def run_watch(
         steps,
         show,
         save_written=lambda step_folder, since: checkpoints.save_written(step_folder, load_contents, since),
+        guard=console.guard if isinstance(console, progress.GuardedConsole) else None,
     )
 
 
