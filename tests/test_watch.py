@@ -159,6 +159,14 @@ def test_compose_s_tensorboard_serves_the_run_s_scalars_on_loopback(
             subprocess.run(["docker", "inspect", container], capture_output=True, text=True).stdout
         )
         assert [(m["Destination"], m["RW"]) for m in inspected["Mounts"]] == [("/checkpoints", False)]
+        # its one line: the address the host reaches; none of TensorBoard's own noise (before: a pkg_resources
+        # warning, "TensorFlow installation not found", http://0.0.0.0:6006/)
+        said = subprocess.run(["docker", "logs", container], capture_output=True, text=True)
+        lines = (said.stdout + said.stderr).strip().splitlines()
+        assert lines == [
+            f"TensorBoard: http://127.0.0.1:{port} (this host only; from another machine: ssh -L "
+            f"{port}:127.0.0.1:{port} HOST)"
+        ], lines
         bindings = inspected["HostConfig"]["PortBindings"]["6006/tcp"]
         assert [(b["HostIp"], b["HostPort"]) for b in bindings] == [("127.0.0.1", str(port))]
         # a plain `down` (no profile named) stops it and removes the network

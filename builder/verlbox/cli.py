@@ -95,6 +95,11 @@ HANDLERS = {
         "download the model or GSM8K from the Hugging Face hub into a folder, recording its revision and hashes",
     ),
     "patch-verl": ("verlbox.runtime.commands", "patch_verl", "apply verlbox's patch set to a verl tree"),
+    "tensorboard": (
+        "verlbox.runtime.commands",
+        "tensorboard",
+        "(in the image) TensorBoard over the runs' event files, saying the address it is reached at",
+    ),
 }
 
 RECIPE_HELP = "a shipped recipe's name, or a path to a YAML file (with a '/' or a .yaml suffix)"
@@ -158,6 +163,7 @@ EXAMPLES = {
     "prepare-data": ["verlbox prepare-data gsm8k --source data/gsm8k-raw --out data/gsm8k"],
     "fetch": ["verlbox fetch model", "verlbox fetch data --run ~/run"],
     "patch-verl": ["verlbox patch-verl /opt/venv/lib/python3.11/site-packages"],
+    "tensorboard": ["verlbox tensorboard --logdir /checkpoints   # what `docker compose up -d tensorboard` runs"],
 }
 
 
@@ -417,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     sub["patch-verl"].add_argument("directory", help="the folder that holds the verl/ package (e.g. site-packages)")
+    sub["tensorboard"].add_argument("--logdir", default="/checkpoints", help="the runs' folder (default /checkpoints)")
     return parser
 
 

@@ -292,3 +292,32 @@ def smoke_checks(args: argparse.Namespace) -> int:
             write_atomically(Path(args.json), results_json(results) + "\n")
         print_results(results)
     return 1 if any(r.status == "failed" for r in results) else 0
+
+
+def tensorboard(args: argparse.Namespace) -> int:
+    """TensorBoard over the runs' event files, as compose's tensorboard service runs it: its own lines (a
+    pkg_resources warning, "TensorFlow installation not found", an address on 0.0.0.0 that is not where the
+    host reaches it) replaced by one line with the address the port is published at."""
+    import signal
+    import threading
+    import warnings
+
+    warnings.simplefilter("ignore")  # tensorboard's own import warns about pkg_resources, its business
+    from tensorboard import program
+
+    board = program.TensorBoard()
+    # every interface inside the container: compose publishes the port on the host's 127.0.0.1 only
+    settings = ["--logdir", args.logdir, "--host", "0.0.0.0", "--port", "6006", "--reload_interval", "30"]
+    board.configure(argv=[None, *settings])
+    board.launch()
+    port = os.environ.get("VERLBOX_TENSORBOARD_PORT") or "6006"
+    err.print(
+        f"TensorBoard: http://127.0.0.1:{port} (this host only; from another machine: ssh -L {port}:127.0.0.1:{port} "
+        "HOST)",
+        markup=False,
+    )
+    stopped = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopped.set())
+    stopped.wait()
+    return 0
