@@ -3,6 +3,7 @@ their own setup time, then the tests' own time by file. CI's budget is read from
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -15,6 +16,21 @@ SHOWN_FILES = 5
 
 fixture_seconds: Counter[str] = Counter()
 file_seconds: Counter[str] = Counter()
+# the session's image build, step by step as `verlbox build` reports BuildKit's own times
+_STEP = re.compile(r"^\s+(done ([0-9.]+)s|cached)\s+(.+)$", re.MULTILINE)
+build_steps: list[tuple[float | None, str]] = []
+
+
+def note_build(output: str) -> None:
+    """The steps of a `verlbox build` run's output: (seconds, or None when cached, the step)."""
+    build_steps.extend((float(m[2]) if m[2] else None, " ".join(m[3].split())) for m in _STEP.finditer(output))
+
+
+def build_summary() -> str:
+    ran = sorted(((seconds, step) for seconds, step in build_steps if seconds is not None), reverse=True)
+    slow = "; ".join(f"{seconds:.0f} s {step[:70]}" for seconds, step in ran if seconds >= PHASE_S)
+    cached, seconds = len(build_steps) - len(ran), sum(s for s, _ in ran)
+    return f"image build: {len(ran)} steps ran ({seconds:.0f} s), {cached} cached; over 20 s: {slow or 'none'}"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -44,3 +60,5 @@ def summary() -> str:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if file_seconds:
         terminalreporter.write_line(summary())
+    if build_steps:
+        terminalreporter.write_line(build_summary())
