@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-import phases
 from standins import closed_port_url
 
 # the run's time by phase, one line at its end (tests/phases.py)
@@ -183,6 +182,8 @@ def build_output(docker_engine: object, staging_tags_before_build: set[str]) -> 
     """p40-cu124 built once per test session, FROM a debootstrapped base, as `verlbox build` does it."""
     result = run_verlbox("build", "p40-cu124", "--bootstrap-base", "--tag", IMAGE, *ca_arguments(), timeout=3000)
     assert result.returncode == 0, result.stderr[-5000:]
+    import phases  # the plugin pytest loaded (pytest_plugins above): imported first, it could not be rewritten
+
     phases.note_build(result.stderr)
     return result
 
