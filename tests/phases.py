@@ -39,7 +39,9 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureR
     yield
     took = time.monotonic() - started
     if fixturedef.scope in ("session", "module", "package") and took >= PHASE_S:
-        fixture_seconds[f"{request.node.nodeid.split('::')[0].rsplit('/', 1)[-1]}:{fixturedef.argname}"] += took
+        # the test that set it up (a session fixture's own node is the session, which names no file)
+        user = getattr(request, "_pyfuncitem", None) or request.node
+        fixture_seconds[f"{user.nodeid.split('::')[0].rsplit('/', 1)[-1]}:{fixturedef.argname}"] += took
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
