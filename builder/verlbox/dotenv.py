@@ -26,6 +26,7 @@ from pathlib import Path
 from verlbox.errors import UsageError
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+_EXPORT = re.compile(r"export[ \t]+")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OPERATOR = re.compile(r":?[-+?]")
 _ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\", '"': '"'}
@@ -64,9 +65,12 @@ class _Reader:
                 self._assignment()
         return self.values
 
-    def _to_line_end(self) -> int:
+    def _line_end(self) -> int:
         end = self.text.find("\n", self.at)
-        self.at = len(self.text) if end == -1 else end
+        return len(self.text) if end == -1 else end
+
+    def _to_line_end(self) -> int:
+        self.at = self._line_end()
         return self.at
 
     def _skip_blanks(self) -> None:
@@ -75,11 +79,11 @@ class _Reader:
 
     def _assignment(self) -> None:
         start = self.at
-        if (match := re.compile(r"export[ \t]+").match(self.text, self.at)) and _KEY.match(self.text, match.end()):
+        if (match := _EXPORT.match(self.text, self.at)) and _KEY.match(self.text, match.end()):
             self.at = match.end()
         key = _KEY.match(self.text, self.at)
         if key is None:
-            raise self.fail(f"expected KEY=VALUE, found {self.text[start : self._peek_line_end()][:40]!r}")
+            raise self.fail(f"expected KEY=VALUE, found {self.text[start : self._line_end()][:40]!r}")
         self.at = key.end()
         self._skip_blanks()
         following = self.text[self.at] if self.at < len(self.text) else "\n"
@@ -88,14 +92,10 @@ class _Reader:
                 self.values[key[0]] = self.environ[key[0]]
             return
         if following not in "=:":
-            raise self.fail(f"expected KEY=VALUE, found {self.text[start : self._peek_line_end()][:40]!r}")
+            raise self.fail(f"expected KEY=VALUE, found {self.text[start : self._line_end()][:40]!r}")
         self.at += 1
         self._skip_blanks()
         self.values[key[0]] = self._value()
-
-    def _peek_line_end(self) -> int:
-        end = self.text.find("\n", self.at)
-        return len(self.text) if end == -1 else end
 
     def _value(self) -> str:
         quote = self.text[self.at] if self.at < len(self.text) else ""

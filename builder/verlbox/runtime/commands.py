@@ -26,9 +26,13 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def _given_spec(args: argparse.Namespace) -> ImageSpec | None:
+    """--recipe (turned into a spec by the dispatcher), else the spec baked into this image, else None."""
+    return getattr(args, "spec", None) or baked_spec()
+
+
 def _spec(args: argparse.Namespace) -> ImageSpec:
-    """--recipe (turned into a spec by the dispatcher), else the spec baked into this image."""
-    spec = getattr(args, "spec", None) or baked_spec()
+    spec = _given_spec(args)
     if spec is None:
         raise UsageError(f"no recipe given and no image spec here (${SPEC_VARIABLE}): outside an image, pass --recipe")
     return spec
@@ -92,7 +96,7 @@ def _train(args: argparse.Namespace) -> int:
 
     # what was typed is checked first (a recipe given, its profile, the cap); then where train runs, before
     # asking for a recipe nobody gave: on a host without the stack that would only lead astray
-    given = getattr(args, "spec", None) or baked_spec()
+    given = _given_spec(args)
     profile = chosen_profile(args.profile, os.environ, given) if given else None
     gib = (
         parse_gib(args.gpu_memory_gib, "--gpu-memory-gib") if args.gpu_memory_gib else gib_from_environment(os.environ)
@@ -104,8 +108,7 @@ def _train(args: argparse.Namespace) -> int:
             f"train runs inside the image ({' and '.join(missing)} not installed here): `docker compose up train` "
             f"in a run folder, or `verlbox shell -- verlbox train --dry-run` to see its command{here}"
         )
-    spec = given or _spec(args)
-    profile = profile or chosen_profile(args.profile, os.environ, spec)
+    spec = given or _spec(args)  # none given: _spec says so
     from verlbox.runtime.training.train import train as run_training
 
     return run_training(

@@ -46,19 +46,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def build_running(tag: str) -> bool | None:
+    """Whether the build that made staging TAG still runs; None when that cannot be told from here (another
+    host or PID namespace, no /proc, a tag of another shape)."""
+    pid, _token, namespace, host = [*tag.rpartition(":")[2].split("-", 3), "", "", ""][:4]
+    if not pid.isdigit() or host != _host() or namespace != _pid_namespace() or namespace == "0":
+        return None
+    return _alive(int(pid))
+
+
 def remove_dead_builds_tags(engine: Any, recipe: str) -> list[str]:
     """Untag RECIPE's staging tags whose build process, on this host and in this PID namespace, is gone;
     returns them. Other tags of the same image (the final one, a user's) are never looked at."""
     removed = []
     ours = f"{REPOSITORY}/{recipe}:"
-    namespace = _pid_namespace()
     for image in engine.images.list(name=f"{REPOSITORY}/{recipe}"):
         for tag in image.tags:
-            if not tag.startswith(ours):
-                continue
-            pid, _token, tag_namespace, host = [*tag.removeprefix(ours).split("-", 3), "", "", ""][:4]
-            judged_here = host == _host() and tag_namespace == namespace != "0"
-            if pid.isdigit() and judged_here and not _alive(int(pid)):
+            if tag.startswith(ours) and build_running(tag) is False:
                 untag(engine, tag)
                 removed.append(tag)
     return removed

@@ -39,7 +39,7 @@ from verlbox.host.building.sources import default_archive_dir
 from verlbox.host.building.staging import REPOSITORY as STAGING_REPOSITORY
 
 # the tag grammar and the judgement of a build's process are staging's own
-from verlbox.host.building.staging import _alive, _host, _pid_namespace
+from verlbox.host.building.staging import build_running
 from verlbox.host.clients.engine import EngineError, client, untag
 from verlbox.host.runs.runfolder import RECIPE_LABEL, newest_first
 
@@ -117,10 +117,10 @@ def is_staging(tag: str) -> bool:
 
 def staging_verdict(tag: str) -> str:
     """Why a staging tag may go, or '' when the build that made it still runs on this host."""
-    pid, _token, namespace, host = [*tag.rpartition(":")[2].split("-", 3), "", "", ""][:4]
-    if not pid.isdigit() or host != _host() or namespace != _pid_namespace() or namespace == "0":
+    running = build_running(tag)
+    if running is None:
         return "its build cannot be judged from here (another host, container or verlbox version): taken as ended"
-    return "" if _alive(int(pid)) else f"its build (process {pid}) is gone"
+    return "" if running else f"its build (process {tag.rpartition(':')[2].split('-', 1)[0]}) is gone"
 
 
 def _in_use(engine: Any) -> dict[str, str]:
