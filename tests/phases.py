@@ -16,21 +16,27 @@ SHOWN_FILES = 5
 
 fixture_seconds: Counter[str] = Counter()
 file_seconds: Counter[str] = Counter()
-# the session's image build, step by step as `verlbox build` reports BuildKit's own times
+# the session's builds, step by step as `verlbox build` reports BuildKit's own times (and the clamp's)
 _STEP = re.compile(r"^\s+(done ([0-9.]+)s|cached)\s+(.+)$", re.MULTILINE)
-build_steps: list[tuple[float | None, str]] = []
+builds: list[tuple[str, list[tuple[float | None, str]]]] = []
 
 
-def note_build(output: str) -> None:
-    """The steps of a `verlbox build` run's output: (seconds, or None when cached, the step)."""
-    build_steps.extend((float(m[2]) if m[2] else None, " ".join(m[3].split())) for m in _STEP.finditer(output))
+_BOOTSTRAP = re.compile(r"^made base image (\S+) with debootstrap from \S+ in (\d+) s$", re.MULTILINE)
 
 
-def build_summary() -> str:
-    ran = sorted(((seconds, step) for seconds, step in build_steps if seconds is not None), reverse=True)
+def note_build(output: str, what: str = "image build") -> None:
+    """The steps of a `verlbox build` run's output: (seconds, or None when cached, the step), the base's
+    debootstrap first when the build made it."""
+    steps = [(float(m[2]), f"debootstrap {m[1]}") for m in _BOOTSTRAP.finditer(output)]
+    steps += [(float(m[2]) if m[2] else None, " ".join(m[3].split())) for m in _STEP.finditer(output)]
+    builds.append((what, steps))
+
+
+def build_summary(what: str, steps: list[tuple[float | None, str]]) -> str:
+    ran = sorted(((seconds, step) for seconds, step in steps if seconds is not None), reverse=True)
     slow = "; ".join(f"{seconds:.0f} s {step[:70]}" for seconds, step in ran if seconds >= PHASE_S)
-    cached, seconds = len(build_steps) - len(ran), sum(s for s, _ in ran)
-    return f"image build: {len(ran)} steps ran ({seconds:.0f} s), {cached} cached; over 20 s: {slow or 'none'}"
+    cached, seconds = len(steps) - len(ran), sum(s for s, _ in ran)
+    return f"{what}: {len(ran)} steps ran ({seconds:.0f} s), {cached} cached; over 20 s: {slow or 'none'}"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -62,5 +68,5 @@ def summary() -> str:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if file_seconds:
         terminalreporter.write_line(summary())
-    if build_steps:
-        terminalreporter.write_line(build_summary())
+    for what, steps in builds:
+        terminalreporter.write_line(build_summary(what, steps))

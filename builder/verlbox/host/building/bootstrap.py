@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,7 @@ def ensure_bootstrapped_base(engine: Any, bootstrap: Bootstrap, mirror: str, con
             f"--bootstrap-base checks the mirror's signatures against {DEBIAN_KEYRING}, which this host lacks "
             "(apt-get install debian-archive-keyring)"
         )
+    started = time.monotonic()
     with (
         tempfile.TemporaryDirectory(prefix="verlbox-rootfs-") as workdir,
         console.status(f"debootstrap {bootstrap.suite} ({bootstrap.variant}) -> {reference}"),
@@ -198,5 +200,6 @@ def ensure_bootstrapped_base(engine: Any, bootstrap: Bootstrap, mirror: str, con
             raise VerlboxError(f"debootstrap's tree for {reference} cannot be a base: {exc}") from None
     for warning in warnings:  # what debootstrap let pass is the user's to judge (an unchecked suite, a key)
         console.print(f"debootstrap {warning}", markup=False, highlight=False)
-    console.print(f"made base image {reference} with debootstrap from {redact(mirror)}")
+    took = time.monotonic() - started
+    console.print(f"made base image {reference} with debootstrap from {redact(mirror)} in {took:.0f} s")
     return reference

@@ -152,7 +152,12 @@ class _StepReporter:
                 if step.cached
                 else outcome.split()[0].lower() + (f" {outcome.split()[1]}" if outcome.startswith("DONE") else "")
             )
-            self.console.print(f"  {shown:>12}  {step.name[:110]}", markup=False, highlight=False)
+            show_step(self.console, shown, step.name)
+
+
+def show_step(console: Console, shown: str, name: str) -> None:
+    """A finished step's line: its outcome (`done 12.3s`, `cached`) right-aligned, then the step."""
+    console.print(f"  {shown:>12}  {name[:110]}", markup=False, highlight=False)
 
 
 def run_buildx(
@@ -285,8 +290,14 @@ def build_image(
         )
         image_id = engine.images.get(temporary_tag).id
         if plan.source_date_epoch is not None:
-            with console.status(f"clamping file times to SOURCE_DATE_EPOCH={plan.source_date_epoch}"):
+            # a step of its own after BuildKit's (a `docker save` and `docker load` of the whole image: minutes)
+            clamp = StepTiming(f"clamping file times to SOURCE_DATE_EPOCH={plan.source_date_epoch}")
+            clamp_started = time.monotonic()
+            with console.status(clamp.name):
                 image_id = clamp_image(temporary_tag, plan.base_image, plan.source_date_epoch, clamped_tag)
+            clamp.seconds = time.monotonic() - clamp_started
+            show_step(console, f"done {clamp.seconds:.1f}s", clamp.name)
+            steps.append(clamp)
             untag(engine, temporary_tag)
             temporary_tag = clamped_tag
     except BaseException:
