@@ -16,23 +16,22 @@ SHOWN_FILES = 5
 
 fixture_seconds: Counter[str] = Counter()
 file_seconds: Counter[str] = Counter()
-# the session's builds, step by step as `verlbox build` reports BuildKit's own times (and the clamp's)
+# the session's builds, step by step as `verlbox build` reports them: BuildKit's own times, the clamp's, and
+# the debootstrap of a base it made
 _STEP = re.compile(r"^\s+(done ([0-9.]+)s|cached)\s+(.+)$", re.MULTILINE)
-builds: list[tuple[str, list[tuple[float | None, str]]]] = []
-
-
 _BOOTSTRAP = re.compile(r"^made base image (\S+) with debootstrap from \S+ in (\d+) s$", re.MULTILINE)
+Steps = list[tuple[float | None, str]]  # (seconds, or None when cached, the step)
+builds: list[tuple[str, Steps]] = []
 
 
 def note_build(output: str, what: str = "image build") -> None:
-    """The steps of a `verlbox build` run's output: (seconds, or None when cached, the step), the base's
-    debootstrap first when the build made it."""
+    """The steps of a `verlbox build` run's output, the base's debootstrap first when the build made it."""
     steps = [(float(m[2]), f"debootstrap {m[1]}") for m in _BOOTSTRAP.finditer(output)]
     steps += [(float(m[2]) if m[2] else None, " ".join(m[3].split())) for m in _STEP.finditer(output)]
     builds.append((what, steps))
 
 
-def build_summary(what: str, steps: list[tuple[float | None, str]]) -> str:
+def build_summary(what: str, steps: Steps) -> str:
     ran = sorted(((seconds, step) for seconds, step in steps if seconds is not None), reverse=True)
     slow = "; ".join(f"{seconds:.0f} s {step[:70]}" for seconds, step in ran if seconds >= PHASE_S)
     cached, seconds = len(steps) - len(ran), sum(s for s, _ in ran)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from conftest import docker, run_verlbox
-from verlbox.host.building.build import canceled, failure_excerpt, unreachable_registry
+from verlbox.host.building.build import _StepReporter, canceled, failure_excerpt, show_step, unreachable_registry
 
 ECHO = 'process "/bin/bash -c bash /tmp/verlbox/steps/steps.sh pip verl ..." did not complete successfully'
 
@@ -76,3 +78,41 @@ def test_an_interrupted_build_is_told_from_a_failed_one() -> None:
         'ERROR: failed to solve: process "/bin/bash -c ..." did not complete successfully: exit code: 1\n'
     )
     assert canceled(interrupted) and not canceled(failed)
+
+
+def test_ci_s_summary_reads_every_kind_of_step_line_verlbox_build_writes() -> None:
+    """The end of a CI run lists each build by its steps (tests/phases.py): BuildKit's finished and cached steps
+    as the reporter shows them, the clamp's line, and debootstrap's; a change of their wording must fail here,
+    not drop them from the summary unseen."""
+    import phases
+
+    said = io.StringIO()
+    console = Console(file=said, width=200)
+    reporter = _StepReporter(console, verbose=False)
+    for line in (
+        "#5 [system 4/4] RUN steps.sh pip torch torch==2.6.0",
+        "#5 DONE 33.9s",
+        "#6 [final 1/6] RUN steps.sh pip verl",
+        "#6 CACHED",
+    ):
+        reporter.feed(line)
+    show_step(console, "done 118.4s", "clamping file times to SOURCE_DATE_EPOCH=1796234500")
+    output = "made base image verlbox-base/debian:bookworm-minbase with debootstrap from http://m/debian in 74 s\n"
+    output += said.getvalue()
+    builds = len(phases.builds)
+    try:
+        phases.note_build(output, "a build")
+        assert phases.builds[-1] == (
+            "a build",
+            [
+                (74.0, "debootstrap verlbox-base/debian:bookworm-minbase"),
+                (33.9, "[system 4/4] RUN steps.sh pip torch torch==2.6.0"),
+                (None, "[final 1/6] RUN steps.sh pip verl"),
+                (118.4, "clamping file times to SOURCE_DATE_EPOCH=1796234500"),
+            ],
+        )
+        assert phases.build_summary(*phases.builds[-1]).startswith(
+            "a build: 3 steps ran (226 s), 1 cached; over 20 s: 118 s clamping"
+        )
+    finally:
+        del phases.builds[builds:]

@@ -966,11 +966,11 @@ def test_debootstraps_warnings_are_shown_after_it_succeeds_without_credentials(
     mirror = "https://ci:p%2Fw@mirror.invalid/debian"
     bootstrap.ensure_bootstrapped_base(None, Bootstrap(suite="bookworm"), mirror, Console(file=output, width=400))
     lines = output.getvalue().splitlines()
+    assert len(lines) == 2, lines
     assert lines[0] == "debootstrap W: [main] ci:***@mirror.invalid ci:*** skipped"
     assert re.fullmatch(
         r"made base image verlbox-base/debian:bookworm-minbase with debootstrap from https://mirror\.invalid/debian "
         r"in \d+ s",
         lines[1],
     ), lines
-    assert len(lines) == 2
     assert loaded == ["verlbox-base/debian:bookworm-minbase"]

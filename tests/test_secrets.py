@@ -11,6 +11,7 @@ that the planted sources were used (apt's fetches name the planted mirror).
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
@@ -51,11 +52,12 @@ def planted(url: str, user: str) -> str:
 
 
 COPY_CHUNK = 1 << 20
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 class _Scanned:
-    """A file object over HEAD and then SOURCE's bytes that notes whether NEEDLE passed through it, across
-    reads too: every byte tarfile reads (headers, names, contents, padding) is searched once."""
+    """A file object over HEAD (bytes read ahead) and then SOURCE's bytes, noting whether NEEDLE went by,
+    across reads too: every byte read through it is searched once."""
 
     def __init__(self, head: bytes, source: IO[bytes], needle: bytes) -> None:
         self.head, self.source, self.needle = head, source, needle
@@ -66,8 +68,9 @@ class _Scanned:
         self.head = self.head[len(taken) :]
         rest = size - len(taken) if size >= 0 else -1
         data = taken + (self.source.read(rest) if rest else b"")
-        self.holds = self.holds or self.needle in self.tail + data
-        self.tail = (self.tail + data)[-len(self.needle) :]
+        keep = len(self.needle) - 1  # what a needle split across two reads has in the first
+        self.holds = self.holds or self.needle in self.tail + data[:keep] or self.needle in data
+        self.tail = data[-keep:] if len(data) >= keep else (self.tail + data)[-keep:]
         return data
 
     def drain(self) -> bool:
@@ -76,26 +79,66 @@ class _Scanned:
         return self.holds
 
 
-def places_holding(image_tar: IO[bytes], needle: bytes) -> list[str]:
-    """Where NEEDLE is in `docker save`'s archive, read as it streams (an image is gigabytes): a blob
-    (the config, the manifest, a layer's raw tar), and within a layer each file by its path."""
+def places_holding(image_tar: IO[bytes], needle: bytes) -> tuple[list[str], int]:
+    """Where NEEDLE is in `docker save`'s archive, read as it streams (an image is gigabytes): a blob (the
+    config, the manifest, a layer's tar, gzipped or not) and within a layer each file by its path; and how many
+    layers were read as tars, so that a format this cannot open fails the test instead of passing it."""
     found: list[str] = []
+    layers = 0
     with tarfile.open(fileobj=image_tar, mode="r|") as outer:
         for member in outer:
             data = outer.extractfile(member) if member.isfile() else None
             if data is None:
                 continue
-            head = data.read(tarfile.BLOCKSIZE)
-            blob = _Scanned(head, data, needle)
-            if head[257:262] == b"ustar":  # a layer: its files named, read through the scanner
-                with tarfile.open(fileobj=blob, mode="r|") as layer:
+            blob = _Scanned(head := data.read(tarfile.BLOCKSIZE), data, needle)
+            unpacked = blob
+            if head[:2] == GZIP_MAGIC:  # the containerd image store saves layers compressed
+                stream = gzip.GzipFile(fileobj=blob)
+                unpacked = _Scanned(head := stream.read(tarfile.BLOCKSIZE), stream, needle)  # type: ignore[arg-type]
+            if head[257:262] == b"ustar":
+                layers += 1
+                with tarfile.open(fileobj=unpacked, mode="r|") as layer:
                     for inner in layer:
                         handle = layer.extractfile(inner) if inner.isfile() else None
                         if handle is not None and _Scanned(b"", handle, needle).drain():
                             found.append(f"{member.name}:{inner.name}")
-            if blob.drain():
+            if unpacked.drain() or blob.drain():
                 found.append(member.name)
-    return sorted(found)
+    return sorted(found), layers
+
+
+def test_the_scan_finds_the_needle_wherever_a_layer_holds_it() -> None:
+    """places_holding on small archives: split across reads, in a long name (a PAX header), in a link's
+    target, inside a gzipped layer; a clean archive holds nothing, and each layer is counted."""
+
+    def tar(entries: list[tarfile.TarInfo | tuple[str, bytes]], compress: bool = False) -> bytes:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w:gz" if compress else "w", format=tarfile.PAX_FORMAT) as archive:
+            for entry in entries:
+                if isinstance(entry, tarfile.TarInfo):
+                    archive.addfile(entry)
+                else:
+                    info = tarfile.TarInfo(entry[0])
+                    info.size = len(entry[1])
+                    archive.addfile(info, io.BytesIO(entry[1]))
+        return out.getvalue()
+
+    needle = b"planted0123456789"
+    link = tarfile.TarInfo("etc/link")
+    link.type, link.linkname = tarfile.SYMTYPE, f"/run/{needle.decode()}"
+    layers = {
+        "blobs/sha256/split": tar([("big", b"x" * (COPY_CHUNK - 5) + needle)]),
+        "blobs/sha256/name": tar([(f"{'d/' * 60}{needle.decode()}", b"")]),
+        "blobs/sha256/link": tar([link]),
+        "blobs/sha256/gzip": tar([("etc/conf", b"token=" + needle)], compress=True),
+        "blobs/sha256/clean": tar([("etc/a", b"a" * 3000)]),
+    }
+    image = tar([*layers.items(), ("blobs/sha256/config", b'{"env": "' + needle + b'"}')])
+    found, opened = places_holding(io.BytesIO(image), needle)
+    assert opened == len(layers)
+    holding = ["split", "split:big", "name", "link", "gzip", "gzip:etc/conf", "config"]
+    assert found == sorted(f"blobs/sha256/{place}" for place in holding)
+    assert places_holding(io.BytesIO(image), b"nowhere0123456789") == ([], len(layers))
 
 
 @pytest.fixture(scope="module")
@@ -203,8 +246,11 @@ def test_the_token_is_in_no_layer_config_or_history(planted_build: tuple[str, st
     _, tag = planted_build
     with subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE) as saved:
         assert saved.stdout is not None
-        holding = places_holding(saved.stdout, TOKEN.encode())
-    assert saved.returncode == 0 and holding == []
+        holding, layers = places_holding(saved.stdout, TOKEN.encode())
+    assert saved.returncode == 0
+    assert holding == []
+    diff_ids = json.loads(docker("image", "inspect", tag).stdout)[0]["RootFS"]["Layers"]
+    assert layers == len(set(diff_ids)), "not every layer of docker save's archive was read as a tar"
     assert TOKEN not in docker("history", "--no-trunc", tag).stdout
     inspected = json.loads(docker("inspect", tag).stdout)[0]
     assert TOKEN not in json.dumps(inspected)
