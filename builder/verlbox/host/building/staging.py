@@ -46,6 +46,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def build_process(tag: str) -> str:
+    """The process ID staging TAG names (its build's), as written in the tag."""
+    return tag.rpartition(":")[2].split("-", 1)[0]
+
+
 def build_running(tag: str) -> bool | None:
     """Whether the build that made staging TAG still runs; None when that cannot be told from here (another
     host or PID namespace, no /proc, a tag of another shape)."""

@@ -39,7 +39,7 @@ from verlbox.host.building.sources import default_archive_dir
 from verlbox.host.building.staging import REPOSITORY as STAGING_REPOSITORY
 
 # the tag grammar and the judgement of a build's process are staging's own
-from verlbox.host.building.staging import build_running
+from verlbox.host.building.staging import build_process, build_running
 from verlbox.host.clients.engine import EngineError, client, untag
 from verlbox.host.runs.runfolder import RECIPE_LABEL, newest_first
 
@@ -120,7 +120,7 @@ def staging_verdict(tag: str) -> str:
     running = build_running(tag)
     if running is None:
         return "its build cannot be judged from here (another host, container or verlbox version): taken as ended"
-    return "" if running else f"its build (process {tag.rpartition(':')[2].split('-', 1)[0]}) is gone"
+    return "" if running else f"its build (process {build_process(tag)}) is gone"
 
 
 def _in_use(engine: Any) -> dict[str, str]:
