@@ -26,6 +26,16 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("VERLBOX_SOURCES_URL", closed_port_url())
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that reaches the engine through the docker_engine fixture is a `docker` test, marked so or not:
+    .ci/run runs every other test in a second process beside them, with a DOCKER_HOST that answers nothing (one
+    that needs the engine all the same fails there; `docker compose config` needs none)."""
+    for item in items:
+        if "docker_engine" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.docker)
+
+
 @pytest.fixture(scope="session")
 def sources_dir() -> Path:
     """The project's shared source archives, Apex's among them (.ci/run sets VERLBOX_SOURCES)."""
