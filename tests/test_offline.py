@@ -43,6 +43,11 @@ def _inspect(tag: str) -> OfflineBuild:
     return OfflineBuild(inspected["Id"], inspected["RootFS"]["Layers"])
 
 
+def _image_id(tag: str) -> str:
+    """TAG's image ID, or "" where no image has that tag."""
+    return docker("image", "inspect", "--format", "{{.Id}}", tag, check=False).stdout.strip()
+
+
 def _file_hashes(tag: str) -> set[str]:
     return set(docker("run", "--rm", "--entrypoint", "bash", tag, "-c", FILE_HASHES).stdout.splitlines())
 
@@ -65,8 +70,18 @@ def offline_builds(bundle: Path, docker_engine: Any) -> Iterator[tuple[OfflineBu
     image's layers; when they differ, both are there to name the files. The second build's up-front space
     check counts with the first image on the disk (about 7 GB more than one build needs). Each build's cache
     records go once it is done (the bundle sent into BuildKit's cache is 3.4 GiB).
+
+    The second image stays under OFFLINE_TAG after the module, as the image fixture's does: the next run's
+    first clamp then registers no layer this code built before either. Layers are found by the sha256 of
+    their bytes, which the clamp computes from this run's build, so an image ID still says only what this
+    run built. The last run's image goes once the first build has taken its tag (unless the build is that image).
     """
     kept = build_cache_ids(docker_engine)
+    previous = _image_id(OFFLINE_TAG)
+
+    def drop_previous() -> None:
+        if previous and previous not in (_image_id(OFFLINE_TAG), _image_id(FIRST_TAG)):
+            docker("image", "rm", previous, check=False)
 
     def build(which: int) -> OfflineBuild:
         result = run_verlbox(
@@ -81,9 +96,11 @@ def offline_builds(bundle: Path, docker_engine: Any) -> Iterator[tuple[OfflineBu
         first = build(1)
         docker("image", "tag", OFFLINE_TAG, FIRST_TAG)
         docker("image", "rm", OFFLINE_TAG)  # only the tag: FIRST_TAG holds the image
+        drop_previous()
         yield first, build(2)
     finally:
-        docker("image", "rm", OFFLINE_TAG, FIRST_TAG, check=False)
+        docker("image", "rm", FIRST_TAG, check=False)
+        drop_previous()
         prune_build_cache_since(docker_engine, kept)
 
 
