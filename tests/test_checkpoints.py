@@ -352,6 +352,15 @@ def test_the_estimate_matches_the_measured_qwen_save(tmp_path: Path) -> None:
     assert model_size(write_model(tmp_path / "odd", {"w": [1]}, {"tie_word_embeddings": True})) is None
 
 
+def test_a_damaged_safetensors_file_is_named_not_an_internal_error(tmp_path: Path) -> None:
+    model = write_model(tmp_path / "model", {"w": [10, 10]}, {})
+    (model / "model.safetensors").write_bytes(b"\xff" * 8 + bytes(range(256)) * 16)  # its length: 2**64 - 1 bytes
+    assert model_size(model) is None
+    assert checkpoints.unsized_reason(model) == (
+        f"{model / 'model.safetensors'} is not a readable safetensors file (damaged, cut short, or another format)"
+    )
+
+
 @pytest.fixture
 def qwen_overrides(root: Path, tmp_path: Path) -> list[str]:
     model = qwen25_05b(tmp_path / "models" / "qwen")

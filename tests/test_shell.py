@@ -22,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from docker.errors import APIError, NotFound
 
 from conftest import REPO, docker, run_verlbox
 from verlbox import cli
@@ -173,6 +174,50 @@ def test_cleanup_removes_only_networks_made_for_the_run_and_only_when_no_contain
     # a train started meanwhile (running or stopped) may use it: Docker would let a stopped one's go
     engine = FakeEngine(["a train"], ["p_default"])
     shell.remove_networks_made(engine, "p", before=set())
+    assert engine.removed == []
+
+
+class RemovedByComposeMeanwhile:
+    """The one-off as compose's own --rm leaves it after a Ctrl-C: verlbox's removal is refused (409, removal
+    already in progress) and the container lists for a few more looks, then is gone."""
+
+    def __init__(self, looks_left: int) -> None:
+        self.looks_left = looks_left
+
+    def get(self, name: str) -> SimpleNamespace:
+        if self.looks_left == 0:
+            raise NotFound(f"no container {name}")
+        self.looks_left -= 1
+        return SimpleNamespace(remove=self.refuse)
+
+    def refuse(self, force: bool) -> None:
+        raise APIError(
+            "removal is already in progress",
+            response=SimpleNamespace(status_code=409, url="http://engine/containers", reason="Conflict"),
+        )
+
+    def list(self, **filters: object) -> list[str]:
+        return ["the one-off"] if self.looks_left else []
+
+
+def test_a_one_off_compose_is_removing_already_is_waited_for_then_its_network_goes() -> None:
+    engine = FakeEngine([], ["p_default"])
+    engine.containers = RemovedByComposeMeanwhile(looks_left=3)
+    shell.remove_one_off(engine, "one-off", "p", set(), wait_s=10)
+    assert engine.removed == ["p_default"]
+
+
+def test_an_engine_error_other_than_a_removal_under_way_is_raised() -> None:
+    class Broken(RemovedByComposeMeanwhile):
+        def refuse(self, force: bool) -> None:
+            raise APIError(
+                "boom", response=SimpleNamespace(status_code=500, url="http://engine/containers", reason="Server Error")
+            )
+
+    engine = FakeEngine([], ["p_default"])
+    engine.containers = Broken(looks_left=1)
+    with pytest.raises(APIError, match="500 Server Error"):
+        shell.remove_one_off(engine, "one-off", "p", set(), wait_s=1)
     assert engine.removed == []
 
 
@@ -419,6 +464,7 @@ def test_however_a_one_off_ends_no_container_or_network_is_left(
         if code is not None:
             assert process.returncode == code, output
         assert "Traceback" not in output, output
+        assert "could not remove" not in output, output  # compose's own --rm removing it too is not a failure
         assert _left_of(container, run_folder.name) == [], output
     finally:
         docker("rm", "-f", container, check=False)

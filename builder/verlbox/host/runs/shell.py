@@ -18,8 +18,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,9 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 OVERRIDE_HEAD = "services:\n  train:\n"
 NO_GPU = "    deploy: !reset null\n"
 NO_FOLDERS = "    volumes: !reset []\n"
+# compose's --rm and verlbox both remove a one-off that a Ctrl-C ended: how long the networks wait for it
+REMOVAL_WAIT_S = 30.0
+REMOVAL_POLL_S = 0.25
 PROJECT_LABEL = "com.docker.compose.project"
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -172,12 +177,28 @@ def remove_networks_made(engine: Any, project: str, before: set[str]) -> None:
                 network.remove()
 
 
-def remove_one_off(engine: Any, container: str, project: str, networks_before: set[str]) -> None:
-    """The one-off container, if it is still there, then the networks made for it."""
+def remove_one_off(
+    engine: Any, container: str, project: str, networks_before: set[str], wait_s: float = REMOVAL_WAIT_S
+) -> None:
+    """The one-off container, if it is still there, then the networks made for it. Compose's own `--rm` may be
+    removing the container at the same moment (a Ctrl-C reaches both): then the engine answers 409, and the
+    networks can go only once the container has, so its end is waited for (WAIT_S at most)."""
     import docker
 
-    with contextlib.suppress(docker.errors.NotFound):
+    try:
         engine.containers.get(container).remove(force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if exc.status_code != HTTPStatus.CONFLICT:
+            raise
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            engine.containers.get(container)
+        except docker.errors.NotFound:
+            break
+        time.sleep(REMOVAL_POLL_S)
     remove_networks_made(engine, project, networks_before)
 
 

@@ -36,6 +36,7 @@ import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from verlbox.errors import PreflightFailed
 from verlbox.files import unreadable_folder, write_atomically
@@ -77,6 +78,8 @@ OPTIMIZER_BYTES = 8
 # per role: extra_state (RNG, LR scheduler), fsdp_config.json and huggingface/ (config and tokenizer, 11 MiB
 # for Qwen2.5), and the step's data.pt: a generous round figure beside gigabytes of shards
 ROLE_ALLOWANCE_BYTES = 64 * 2**20
+# safetensors' own bound on its JSON header (the format's specification: 100 MB)
+SAFETENSORS_HEADER_LIMIT = 100_000_000
 
 
 @dataclass(frozen=True)
@@ -381,14 +384,22 @@ class ModelSize:
     lm_head: int
 
 
+def safetensors_header(file: Path) -> dict[str, Any]:
+    """FILE's JSON header; ValueError where the first 8 bytes give a length the format does not allow (a damaged
+    or foreign file: read as it stands, random bytes ask for exabytes)."""
+    with file.open("rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        if length > SAFETENSORS_HEADER_LIMIT:
+            raise ValueError(f"a header of {length} bytes")
+        return json.loads(handle.read(length))
+
+
 def model_size(model_folder: Path) -> ModelSize | None:
     """Parameter counts from the safetensors headers (exact, nothing loaded); None without safetensors."""
     shapes: dict[str, list[int]] = {}
     try:
         for file in sorted(model_folder.glob("*.safetensors")):
-            with file.open("rb") as handle:
-                length = int.from_bytes(handle.read(8), "little")
-                header = json.loads(handle.read(length))
+            header = safetensors_header(file)
             shapes |= {name: entry["shape"] for name, entry in header.items() if name != "__metadata__"}
         config = json.loads((model_folder / "config.json").read_text())
         tied = bool(config.get("tie_word_embeddings")) and "lm_head.weight" not in shapes
@@ -592,6 +603,11 @@ def unsized_reason(model_folder: Path) -> str:
         return f"no safetensors weights in {model_folder} to size a save from"
     if not (model_folder / "config.json").is_file():
         return f"{model_folder} has safetensors weights but no config.json (verl cannot load it without one)"
+    for file in sorted(model_folder.glob("*.safetensors")):
+        try:
+            safetensors_header(file)
+        except (OSError, ValueError):
+            return f"{file} is not a readable safetensors file (damaged, cut short, or another format)"
     return f"the safetensors headers or config.json in {model_folder} cannot be read"
 
 
