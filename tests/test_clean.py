@@ -217,6 +217,17 @@ def test_without_an_engine_the_files_are_still_listed_then_removed(cache_folder:
     assert "removed 2 item(s), freed about" in removed.stderr
 
 
+def test_a_dry_run_names_the_command_that_removes_what_it_listed() -> None:
+    def args(**given: object) -> argparse.Namespace:
+        return argparse.Namespace(**({"images": False, "run": None, "all_build_cache": False} | given))
+
+    assert clean.removing_command(args()) == "verlbox clean --yes"
+    # `verlbox clean --yes` alone would not remove the images an --images dry run listed
+    assert clean.removing_command(args(images=True)) == "verlbox clean --images --yes"
+    chosen = args(images=True, run=Path("my runs/a"), all_build_cache=True)
+    assert clean.removing_command(chosen) == "verlbox clean --images --run 'my runs/a' --all-build-cache --yes"
+
+
 def test_run_goes_with_images_only(tmp_path: Path) -> None:
     result = run_clean("--run", str(tmp_path), cwd=tmp_path, cache=tmp_path)
     assert result.returncode == 2

@@ -151,7 +151,8 @@ def test_cli_without_pyarrow_says_what_to_do(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr == (
         "verlbox: error: prepare-data needs pyarrow, which is not installed here: `pip install pyarrow`, "
-        "or let `train` prepare the data in the image on first start\n"
+        "or run it in the image (`verlbox shell --no-gpu -- verlbox prepare-data gsm8k --source /data/gsm8k-raw "
+        "--out /data/gsm8k`: the run folder's data/ is /data there), or let `train` prepare it on first start\n"
     )
     assert not (tmp_path / "o").exists()
 

@@ -150,6 +150,7 @@ def test_a_relative_path_is_the_local_file_never_the_shipped_recipe(tmp_path: Pa
         ("p41", "no shipped recipe of that name"),
         ("recipes/", "no such recipe file"),
         ("/dev/null/x.yaml", "no such recipe file"),
+        ("verlbox/p40-cu124:1", "no such recipe file (an image? give --image verlbox/p40-cu124:1)"),
     ],
 )
 def test_odd_recipe_arguments(argument: str, problem: str) -> None:

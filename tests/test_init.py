@@ -381,8 +381,10 @@ def test_a_rerun_keeps_the_image_the_env_names_though_a_newer_one_is_here(
     assert env_values(tmp_path / "run" / ".env")["VERLBOX_IMAGE"] == older
     assert f"note: VERLBOX_IMAGE={older} kept from .env; --image REF takes another" in result.stderr.splitlines()
     newest = labelled_images["newest"]
-    assert run_verlbox("init", "run", "--image", newest, cwd=tmp_path).returncode == 0  # told otherwise: switched
+    switched = run_verlbox("init", "run", "--image", newest, cwd=tmp_path)  # told otherwise: switched, and said
+    assert switched.returncode == 0, switched.stderr
     assert env_values(tmp_path / "run" / ".env")["VERLBOX_IMAGE"] == newest
+    assert f"note: VERLBOX_IMAGE={newest}, in place of {older}" in switched.stderr.splitlines()
 
 
 def hash_labels(shipped: str, **replaced: str) -> dict[str, str]:

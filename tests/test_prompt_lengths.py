@@ -7,14 +7,17 @@ length fitted as verl counts" holds the same code to verl's own RLHFDataset filt
 from __future__ import annotations
 
 import json
+import sys
 from argparse import Namespace
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from test_data import jsonl_layout
+from verlbox.errors import PreflightFailed
 from verlbox.runtime import commands
 from verlbox.runtime.training import prompt_lengths
 from verlbox.runtime.training.data import DataError, to_verl_row, write_parquet
@@ -272,3 +275,21 @@ def test_train_measures_with_verls_remote_code_flag_and_lowers_the_width(
     assert loaded == [(model, True)]
     assert (tmp_path / "data" / prompt_lengths.RECORD).is_file()
     assert (tmp_path / "validation" / prompt_lengths.RECORD).is_file()
+
+
+def test_a_tokenizer_transformers_cannot_load_is_a_preflight_line_naming_the_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class DamagedTokenizerJson:
+        @staticmethod
+        def from_pretrained(folder: Path, **options: object) -> None:
+            # as tokenizers' Rust side raises it for a tokenizer.json whose merges name tokens not in its vocab
+            raise Exception("Error while initializing BPE: Token `t` out of vocabulary\nmore detail")
+
+    monkeypatch.setitem(sys.modules, "transformers", SimpleNamespace(AutoTokenizer=DamagedTokenizerJson))
+    with pytest.raises(PreflightFailed) as refused:
+        prompt_lengths.load_tokenizer(tmp_path)
+    assert str(refused.value) == (
+        f"{tmp_path}: its tokenizer cannot be loaded (Exception: Error while initializing BPE: Token `t` out of "
+        "vocabulary)"
+    )

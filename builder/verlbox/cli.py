@@ -308,9 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with the GPU tier (implied): PPO and GRPO must learn a tiny task (minutes)",
     )
     sub["smoke"].add_argument(
-        "--model", help="with --learn: also a short GSM8K PPO on this model folder, validated before and after"
+        "--model", help="implies --learn: also a short GSM8K PPO on this model folder, validated before and after"
     )
-    sub["smoke"].add_argument("--data", help="with --model: the GSM8K parquet folder (default: ./data/gsm8k)")
+    sub["smoke"].add_argument(
+        "--data",
+        help="with --model: the GSM8K folder (default: ./data/gsm8k, else ./data/gsm8k-raw, prepared in the image)",
+    )
     sub["smoke"].add_argument("--json", help="also write the results as JSON to FILE, or to stdout with -")
 
     shell = sub["shell"]
@@ -377,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with the GPU tier (implied): PPO and GRPO must learn a tiny task (minutes)",
     )
     checks.add_argument(
-        "--model", help="with --learn: also a short GSM8K PPO on this model folder, validated before and after"
+        "--model", help="implies --learn: also a short GSM8K PPO on this model folder, validated before and after"
     )
     checks.add_argument(
         "--data", help="with --model: the GSM8K parquet folder (default: $VERLBOX_DATA_DIR, else /data/gsm8k)"

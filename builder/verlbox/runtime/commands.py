@@ -126,8 +126,9 @@ def _train(args: argparse.Namespace) -> int:
 def prepare_data(args: argparse.Namespace) -> int:
     if _missing("pyarrow"):
         raise UsageError(
-            "prepare-data needs pyarrow, which is not installed here: `pip install pyarrow`, or let `train` "
-            "prepare the data in the image on first start"
+            "prepare-data needs pyarrow, which is not installed here: `pip install pyarrow`, or run it in the image "
+            "(`verlbox shell --no-gpu -- verlbox prepare-data gsm8k --source /data/gsm8k-raw --out /data/gsm8k`: "
+            "the run folder's data/ is /data there), or let `train` prepare it on first start"
         )
     from verlbox.runtime.training import prompt_lengths
     from verlbox.runtime.training.data import prepare_gsm8k

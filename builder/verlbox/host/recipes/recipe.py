@@ -206,7 +206,9 @@ def resolve_recipe_path(reference: str) -> Path:
     if looks_like_path(reference):
         path = Path(reference).expanduser()
         if not path.is_file():
-            raise RecipeError(reference, "", "no such recipe file")
+            # `verlbox shell verlbox/p40-cu124:TAG`: an image where a recipe goes
+            image = "" if reference.endswith((".yaml", ".yml", "/")) else f" (an image? give --image {reference})"
+            raise RecipeError(reference, "", "no such recipe file" + image)
         return path.resolve()
     shipped = paths.recipes_dir() / f"{reference}.yaml"
     if reference.startswith("_") or not shipped.is_file():

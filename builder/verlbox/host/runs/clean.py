@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -294,6 +295,15 @@ def print_leftovers(leftovers: list[Leftover]) -> None:
     out.print(table)
 
 
+def removing_command(args: argparse.Namespace) -> str:
+    """The command that removes what this dry run listed: its own choices, with --yes."""
+    words = ["verlbox", "clean"]
+    words += ["--images"] if args.images else []
+    words += ["--run", shlex.quote(str(args.run))] if args.run else []
+    words += ["--all-build-cache"] if args.all_build_cache else []
+    return " ".join([*words, "--yes"])
+
+
 def clean(args: argparse.Namespace) -> int:
     if args.run and not args.images:
         raise UsageError("--run DIR names the run folder whose image --images keeps: give --images too")
@@ -324,7 +334,8 @@ def clean(args: argparse.Namespace) -> int:
         return 1 if engine_problem else 0
     if not args.yes:
         err.print(
-            f"would remove {len(going)} item(s), about {human_size(size)}: `verlbox clean --yes` does", markup=False
+            f"would remove {len(going)} item(s), about {human_size(size)}: `{removing_command(args)}` does",
+            markup=False,
         )
         return 1 if engine_problem else 0
     freed, failures = remove_all(engine, going)  # without an engine, only files are going

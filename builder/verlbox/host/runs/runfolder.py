@@ -122,6 +122,8 @@ def _image(requested: str | None, previous: dict[str, str], notes: list[str]) ->
             parse_reference(requested)
         except ValueError as exc:
             raise UsageError(f"--image {exc}") from None
+        if (kept := previous.get("VERLBOX_IMAGE")) and kept != requested:
+            notes.append(f"VERLBOX_IMAGE={requested}, in place of {kept}")
         if not engine_has(requested):
             notes.append(
                 f"{requested} is not on this Docker engine, and compose never pulls: `docker pull` it or build it"

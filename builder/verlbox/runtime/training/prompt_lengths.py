@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from verlbox.errors import UsageError
+from verlbox.errors import PreflightFailed, UsageError
 from verlbox.files import write_atomically
 from verlbox.runtime.steps.apex_build import file_sha256
 from verlbox.runtime.training.data import DataError
@@ -137,7 +137,11 @@ def load_tokenizer(model_dir: Path, trust_remote_code: bool = False) -> object:
     path is an error here, never a download."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
+    try:
+        return AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # tokenizers' Rust side raises a bare Exception for a damaged tokenizer.json
+        why = (str(exc).strip().splitlines() or [""])[0]
+        raise PreflightFailed(f"{model_dir}: its tokenizer cannot be loaded ({type(exc).__name__}: {why})") from exc
 
 
 def measure(
