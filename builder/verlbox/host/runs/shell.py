@@ -192,13 +192,13 @@ def remove_one_off(
     except docker.errors.APIError as exc:
         if exc.status_code != HTTPStatus.CONFLICT:
             raise
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            engine.containers.get(container)
-        except docker.errors.NotFound:
-            break
-        time.sleep(REMOVAL_POLL_S)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                engine.containers.get(container)
+            except docker.errors.NotFound:
+                break
+            time.sleep(REMOVAL_POLL_S)
     remove_networks_made(engine, project, networks_before)
 
 
