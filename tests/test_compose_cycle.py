@@ -233,7 +233,14 @@ def test_stop_during_a_save_restart_a_dead_console_and_a_full_disk_under_compose
     run.compose("up", "-d", "small-disk")
     run.compose("up", "-d", "train")
     container = run.container()
-    wait_for(lambda: logged(run, f"local_global_step_folder: {FOLDER}/global_step_1"), "save", 180, run.logs)
+    # on the disk, not on verl's line: under Ray the line comes 50-100 ms after the folder (the stand-in's too)
+    saving = f"{FOLDER}/global_step_1"
+    wait_for(
+        lambda: run.compose("exec", "-T", "small-disk", "test", "-d", saving, check=False).returncode == 0,
+        "save",
+        180,
+        run.logs,
+    )
     asked = time.time()
     run.compose("stop", "train", timeout=STOP_GRACE_S + 60)
     stopped = time.time()

@@ -45,10 +45,27 @@ def _missing(*modules: str) -> list[str]:
 
 def train(args: argparse.Namespace) -> int:
     """`train`; as compose's train service (`--on-halt wait`) a run that cannot go on holds with its reason
-    instead of exiting into Docker's restart of the same failure. A one-off exits with its code at once: a dry
-    run, or a command typed with overrides (`up` runs the file's fixed command)."""
+    instead of exiting into Docker's restart of the same failure, and a crash loop is tried again on its own after
+    a long pause (VERLBOX_HALT_RETRY_S). A one-off exits with its code at once: a dry run, or a command typed with
+    overrides (`up` runs the file's fixed command)."""
+    from verlbox.runtime.training import console
+
+    code: int | None = None
+    try:
+        code = _train_or_hold(args)
+        return code
+    finally:
+        # a console that still blocks (a stalled terminal) would hold Python's own flush at exit for good, and with
+        # it the container past its stop grace: the code is given without another write to it
+        if not console.settle():
+            os._exit(code if code is not None else _exit_code(sys.exc_info()[1]))
+        _let_go_of_a_dead_console()
+
+
+def _train_or_hold(args: argparse.Namespace) -> int:
+    from verlbox.errors import RunHalted
     from verlbox.runtime.training import supervisor
-    from verlbox.runtime.training.progress import ConsoleGuard
+    from verlbox.runtime.training.console import ConsoleGuard
     from verlbox.runtime.training.run_record import AlreadyRunning
 
     # --on-halt is followed as given; the environment's wait (run folders from before the flag) is compose's
@@ -57,23 +74,42 @@ def train(args: argparse.Namespace) -> int:
     waits = supervisor.holds(os.environ, args.on_halt) and not one_off
     # a console gone (EIO, a full disk under `2> file`) must not turn a hold into exit 1 and Docker's restart
     say = ConsoleGuard().guarding(lambda text: err.print(text, markup=False))
-    supervisor.clear_halt()
-    try:
-        return _train(args)
-    except OSError as exc:  # a full disk while preparing GSM8K, an unreadable folder: one line naming the path
-        failure = VerlboxError(f"{exc.filename or 'a file'}: {exc.strerror or exc}")
-        if not waits:
-            raise failure from None
-        say(f"verlbox: error: {failure}")
-        return supervisor.hold(failure.exit_code, str(failure), say)
-    except VerlboxError as exc:
-        if not waits or isinstance(exc, AlreadyRunning):
-            raise
-        say(f"verlbox: error: {exc}")
-        # a record the full disk kept from being written (train.supervised_run) is tried again while it holds
-        return supervisor.hold(exc.exit_code, str(exc), say, retry=getattr(exc, "pending_write", None))
-    finally:
-        _let_go_of_a_dead_console()
+    while True:
+        supervisor.clear_halt()
+        try:
+            return _train(args)
+        except OSError as exc:  # a full disk while preparing GSM8K, an unreadable folder: one line naming the path
+            failure = VerlboxError(f"{exc.filename or 'a file'}: {exc.strerror or exc}")
+            if not waits:
+                raise failure from None
+            say(f"verlbox: error: {failure}")
+            return supervisor.hold(failure.exit_code, str(failure), say) or failure.exit_code
+        except VerlboxError as exc:
+            if not waits or isinstance(exc, AlreadyRunning):
+                raise
+            say(f"verlbox: error: {exc}")
+            # a crash loop may be an outage that ends (NFS away, a GPU reset): the run is tried again after a pause
+            again = supervisor.RestartPolicy.from_environment(os.environ).halt_retry_s
+            # a record the full disk kept from being written (train.supervised_run) is tried again while it holds
+            code = supervisor.hold(
+                exc.exit_code,
+                str(exc),
+                say,
+                retry=getattr(exc, "pending_write", None),
+                run_again_after_s=again if isinstance(exc, RunHalted) and again else None,
+            )
+            if code is not None:
+                return code
+            say("verlbox: the halt's pause is over: starting the run again")
+
+
+def _exit_code(exc: BaseException | None) -> int:
+    """The code cli.main would give for EXC, ending train."""
+    from verlbox.errors import FAILED, INTERRUPTED
+
+    if isinstance(exc, VerlboxError):
+        return exc.exit_code
+    return INTERRUPTED if isinstance(exc, KeyboardInterrupt) else FAILED
 
 
 def _let_go_of_a_dead_console() -> None:

@@ -41,7 +41,7 @@ from typing import Any
 from verlbox.errors import PreflightFailed
 from verlbox.files import unreadable_folder, write_atomically
 from verlbox.runtime.training import hub
-from verlbox.runtime.training.overrides import OverrideError, override_int, override_value
+from verlbox.runtime.training.overrides import OverrideError, merge_overrides, override_int, override_value
 
 TRACKER = "latest_checkpointed_iteration.txt"
 # verl names step folders with f"global_step_{int}" (ray_trainer.py _save_checkpoint), so no sign and no
@@ -62,6 +62,7 @@ SHARD_FILE = re.compile(r"(model|optim|extra_state)_world_size_([1-9][0-9]*)_ran
 # what verl writes in a step folder (ray_trainer.py, _save_checkpoint) and in each role's folder beside the rank
 # files (fsdp_checkpoint_manager.py, save_checkpoint): name -> a folder (True) or a file (False)
 ROLE_FOLDERS = ("actor", "critic")
+KEEP_KEYS = tuple(f"trainer.max_{role}_ckpt_to_keep" for role in ROLE_FOLDERS)
 STEP_ENTRIES = {**dict.fromkeys(ROLE_FOLDERS, True), DATALOADER_FILE: False}
 ROLE_ENTRIES = {"huggingface": True, "fsdp_config.json": False, "lora_adapter": True}  # lora_rank > 0: the adapter
 # verl's default for both roles (ppo_trainer.yaml: checkpoint.save_contents; load_contents follows it)
@@ -128,6 +129,20 @@ class Settings:
             actor_model=Path(override_value(overrides, "actor_rollout_ref.model.path") or ""),
             critic_model=Path(override_value(overrides, "critic.model.path") or "") if with_critic else None,
         )
+
+
+def keep_two_at_least(overrides: list[str], say: Callable[[str], None]) -> list[str]:
+    """OVERRIDES with a bound of one kept save raised to two, said in one line: verl 0.4.1 removes the kept save
+    before it writes the next (checkpoint_manager.py, save_checkpoint), so with one, a save cut short leaves no save
+    at all and the next start begins again at step 0."""
+    raised = [key for key in KEEP_KEYS if _optional_int(overrides, key) == 1]
+    if not raised:
+        return overrides
+    say(
+        f"{', '.join(f'{key}=1' for key in raised)} raised to 2: verl removes the kept save before it writes the "
+        "next, so with one a save cut short (a stop, a crash, a full disk) would leave nothing to resume from"
+    )
+    return merge_overrides(overrides, [f"{key}=2" for key in raised])
 
 
 def _optional_int(overrides: list[str], key: str) -> int | None:
@@ -254,21 +269,6 @@ def is_complete(step_folder: Path, load_contents: dict[str, tuple[str, ...]]) ->
         return False
     sizes = saved_world_sizes(step_folder, load_contents)
     return sizes is None or bool(sizes)
-
-
-def save_written(step_folder: Path, load_contents: dict[str, tuple[str, ...]], since: float = 0.0) -> bool:
-    """verl has finished writing STEP_FOLDER: it writes the tracker last, naming this step, after SINCE (when the
-    save began: a tracker already naming the step, as when a run saves over an older folder, says nothing of this
-    save), and the folder is complete. What the disk says, whichever loggers print the step's line."""
-    match = STEP_FOLDER.fullmatch(step_folder.name)
-    if match is None or read_tracker(step_folder.parent) != int(match[1]):
-        return False
-    try:
-        if (step_folder.parent / TRACKER).stat().st_mtime < since:
-            return False
-    except OSError:
-        return False
-    return is_complete(step_folder, load_contents)
 
 
 def saved_world_sizes(step_folder: Path, load_contents: dict[str, tuple[str, ...]]) -> set[int] | None:

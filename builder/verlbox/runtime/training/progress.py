@@ -18,21 +18,20 @@ import json
 import os
 import re
 import statistics
-import sys
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TypeVar
 
-from rich.console import Console
 from rich.text import Text
 
 from verlbox.runtime.training import utilization
+from verlbox.runtime.training.console import ConsoleGuard
 from verlbox.runtime.training.overrides import override_int
 from verlbox.runtime.training.run_record import now
+from verlbox.runtime.training.save_watch import SaveWatch
 
 LOG_FILE = "verl.log"
 METRICS_FILE = "metrics.jsonl"
@@ -44,8 +43,6 @@ STEP_LINE = re.compile(r"^step:(\d+) - (.*)$")
 TOTAL_LINE = re.compile(r"Total training steps: (\d+)")
 # printed by verl as a save begins; its step's line follows once the save is written
 SAVE_STARTS = "local_global_step_folder: "
-# a tracker written as the save's line is read may carry an mtime a little before it (coarse file system clocks)
-CLOCK_SLACK_S = 2.0
 # verl's own tqdm bar repeats what the compact line says, as carriage-return noise
 TQDM_BAR = "Training Progress:"
 
@@ -292,75 +289,6 @@ class Lines:
         return line
 
 
-class ConsoleGuard:
-    """The person's console while verl runs, shared by the reader's lines and the supervisor's. Its first failure
-    (EIO, a full disk under a redirect, a reader gone from the pipe, which rich turns into SystemExit(1)) gives it
-    up for the run: nothing it does may end the reader (verl would block on a full pipe) or the supervisor (verl
-    would not be restarted). The failure is news once, for the run's files, and said again as the run ends."""
-
-    def __init__(self, kept_in: str = "") -> None:
-        self.failed: str | None = None
-        self.failed_at = ""
-        self.kept_in = kept_in  # where verl's lines still go, once a run watch takes them
-        self._told = False
-        self._lock = threading.Lock()
-
-    @property
-    def failure(self) -> str:
-        """The sentence that says it."""
-        return f"the console failed at {self.failed_at} ({self.failed}) and was not written to again{self.kept_in}"
-
-    def write(self, show: Callable[[Shown], None], text: Shown) -> None:
-        if self.failed is not None:
-            return
-        try:
-            show(text)
-        except (Exception, SystemExit) as exc:
-            self._fail(exc)
-
-    def guarding(self, show: Callable[[str], None]) -> Callable[[str], None]:
-        return lambda text: self.write(show, text)
-
-    def _fail(self, exc: BaseException) -> None:
-        # rich raises SystemExit from within its `except BrokenPipeError`: that error is the news
-        cause = exc.__context__ if isinstance(exc, SystemExit) and exc.__context__ else exc
-        with self._lock:  # the reader and the supervisor may find it dead at once
-            if self.failed is None:
-                self.failed, self.failed_at = f"{type(cause).__name__}: {cause}", now()
-
-    def news(self) -> str | None:
-        """The failure, the first time it is asked for once there is one."""
-        with self._lock:
-            if self.failed is None or self._told:
-                return None
-            self._told = True
-            return self.failure
-
-    def tell_at_end(self) -> None:
-        """The failure said again as the run ends, on stderr, written directly: the console may be back (a
-        terminal, a disk with room again) or was not stderr, and rich stays quiet for good after a broken pipe."""
-        if self.failed is None:
-            return
-        with contextlib.suppress(Exception):  # still dead: the run's files have it
-            sys.stderr.write(f"verlbox: {self.failure}\n")
-            sys.stderr.flush()
-
-
-class GuardedConsole:
-    """A rich Console whose print a dead console cannot turn into an exit (rich's SystemExit on a broken pipe, an
-    EIO): from the first line `train` says, before the run watch takes over the console."""
-
-    def __init__(self, console: Console, guard: ConsoleGuard | None = None) -> None:
-        self._console = console
-        self.guard = guard or ConsoleGuard()
-
-    def print(self, *objects: object, **options: object) -> None:
-        self.guard.write(lambda _: self._console.print(*objects, **options), "")
-
-    def __getattr__(self, name: str) -> object:  # status, file, width: the console's own
-        return getattr(self._console, name)
-
-
 class RunWatch:
     """Takes verl's output line by line: everything to FOLDER/verl.log, steps to FOLDER/metrics.jsonl and the
     compact line to SHOW, other lines to SHOW as they are (a warning or a traceback is seen where it happens).
@@ -375,19 +303,18 @@ class RunWatch:
         folder: Path | None,
         progress: Progress,
         show: Callable[[Text | str], None],
-        save_written: Callable[[Path, float], bool] = lambda step_folder, since: False,
+        saves: SaveWatch | None = None,
         guard: ConsoleGuard | None = None,
     ) -> None:
         """FOLDER None: plain (VERLBOX_PROGRESS=plain): verl's lines shown as they are, no files, and the
-        save still seen, so that a stop during a save is still held. SAVE_WRITTEN: whether verl has finished
-        writing a step folder since a time, read from the disk (the save ends there, whatever verl's loggers print)."""
+        save still seen, so that a stop during a save is still held. SAVES: the checkpoint folder, which says
+        when a save began (before verl's line arrives) and when it is written, whatever verl's loggers print."""
         self.folder = folder
         self.progress = progress
         self.show = show
         self._saving = threading.Event()
-        self._save_written = save_written
+        self._saves = saves
         self._saving_into: Path | None = None
-        self._saving_since = 0.0  # the time the save began, as the file system's clock counts (a tracker's mtime)
         self._attempt = 0
         self._log = FileSink(folder / LOG_FILE, self._say) if folder else None
         self._metrics = FileSink(folder / METRICS_FILE, self._say) if folder else None
@@ -397,15 +324,22 @@ class RunWatch:
 
     @property
     def saving(self) -> bool:
-        """verl is writing a checkpoint: its save began, and neither is it written on disk (the tracker names
-        it, its files are whole) nor has its step's line come."""
+        """verl is writing a checkpoint: a step folder is being written on disk, or verl's line said a save began
+        and neither is it written (the tracker names it, its files are whole) nor has its step's line come."""
+        return self.saving_into is not None
+
+    @property
+    def saving_into(self) -> Path | None:
+        """The step folder verl is writing, as far as the disk and the console tell; None: no save under way."""
+        if self._saves is not None and (under_way := self._saves.under_way()) is not None:
+            return under_way
         if not self._saving.is_set():
-            return False
+            return None
         into = self._saving_into
-        if into is not None and self._save_written(into, self._saving_since):
+        if into is not None and self._saves is not None and self._saves.written(into):
             self._saving.clear()
-            return False
-        return True
+            return None
+        return into
 
     @property
     def console_failed(self) -> str | None:
@@ -416,6 +350,8 @@ class RunWatch:
         """Read STREAM (verl's stdout and stderr) to its end in a thread of its own."""
         self._attempt += 1
         self._saving.clear()
+        if self._saves is not None:
+            self._saves.mark()
         reader = threading.Thread(target=self._read, args=(stream, self._attempt), daemon=True, name="verl-output")
         reader.start()
         return reader
@@ -479,7 +415,6 @@ class RunWatch:
     def _save_began(self, text: str) -> None:
         # verl names the folder as it joins it, relative to its working directory, which is train's
         self._saving_into = Path(text.removeprefix(SAVE_STARTS).strip()).absolute()
-        self._saving_since = time.time() - CLOCK_SLACK_S
         self._saving.set()
 
     def _record(self, step: int, metrics: dict[str, float], attempt: int) -> None:

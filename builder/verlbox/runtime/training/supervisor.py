@@ -13,18 +13,21 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import FrameType
 
 from verlbox.errors import RunHalted, UsageError
+from verlbox.runtime.training.console import ConsoleGuard
 from verlbox.runtime.training.environment import number
-from verlbox.runtime.training.progress import ConsoleGuard, RunWatch
+from verlbox.runtime.training.progress import RunWatch
 
 # compose's healthcheck looks for it: a halted run shows as unhealthy in `docker compose ps`
 HALT_FILE = Path("/tmp/verlbox-halted")
@@ -33,16 +36,23 @@ RETRY_S = 60.0  # a held run tries a record the full disk kept from being writte
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # in the environment of verl and all it starts: what is still running after it has ended is found by it
 ATTEMPT_MARKER = "VERLBOX_ATTEMPT"
+RAY_TEMP = Path("/tmp/ray")
+TEMP_ROOM_BYTES = 2 * 2**30  # below this, Ray's logs and spilled objects of the next attempt may not fit
 
 
 @dataclass(frozen=True)
 class RestartPolicy:
     """FAILURES failures within WINDOW_S seconds is a crash loop, and so is FAILURES failures in a row that
-    left no newer checkpoint (each attempt dies before its first save: restarting only repeats it)."""
+    left no newer checkpoint (each attempt dies before its first save: restarting only repeats it). Restarts
+    back off (DELAY_S, doubled after each failure in a row that saved nothing, up to MAX_DELAY_S), and a crash
+    loop is tried again after HALT_RETRY_S (0: never): an outage of minutes (NFS away, a GPU reset) must not end a
+    week's run for good."""
 
     failures: int = 3
     window_s: float = 900.0
     delay_s: float = 30.0  # before a restart: GPU memory of the dead processes is freed, a shared folder settles
+    max_delay_s: float = 600.0
+    halt_retry_s: float = 1800.0
     # a stop that comes while verl writes a checkpoint waits this long for it (compose's stop_grace_period is longer)
     save_grace_s: float = 240.0
 
@@ -52,6 +62,8 @@ class RestartPolicy:
             failures=int(number(environ, "VERLBOX_RESTART_FAILURES", cls.failures, minimum=1, whole=True)),
             window_s=number(environ, "VERLBOX_RESTART_WINDOW_S", cls.window_s, minimum=0),
             delay_s=number(environ, "VERLBOX_RESTART_DELAY_S", cls.delay_s, minimum=0),
+            max_delay_s=number(environ, "VERLBOX_RESTART_DELAY_MAX_S", cls.max_delay_s, minimum=0),
+            halt_retry_s=number(environ, "VERLBOX_HALT_RETRY_S", cls.halt_retry_s, minimum=0),
             save_grace_s=number(environ, "VERLBOX_SAVE_GRACE_S", cls.save_grace_s, minimum=0),
         )
 
@@ -65,6 +77,15 @@ class RestartPolicy:
         if len(tail) == self.failures and not any(a.progressed for a in tail):
             return f"{self.failures} failures in a row, none after a new checkpoint: every restart dies before saving"
         return None
+
+    def delay(self, attempts: Sequence[Attempt]) -> float:
+        """How long to wait before the next restart: doubled for each failure in a row that saved nothing."""
+        in_a_row = 0
+        for attempt in reversed(attempts):
+            if attempt.progressed:
+                break
+            in_a_row += 1
+        return min(self.delay_s * 2 ** max(in_a_row - 1, 0), max(self.max_delay_s, self.delay_s))
 
 
 @dataclass(frozen=True)
@@ -95,13 +116,16 @@ def describe_exit(code: int) -> str:
 
 
 class StopRequest:
-    """The signals that stop the run (docker stop's SIGTERM, Ctrl-C), passed on to verl's process group; a
-    second one kills the group at once."""
+    """The signals that stop the run (docker stop's SIGTERM, Ctrl-C), passed on to verl's process group, except
+    while verl writes a checkpoint (HOLDS_OFF): then none reaches verl, however many come (a second `docker compose
+    stop`, `down`), until the save is on disk or the grace has passed. Outside a save, a second one kills the
+    group at once."""
 
     def __init__(self, holds_off: Callable[[], bool] = lambda: False) -> None:
         self.signal: int | None = None
         self.child: subprocess.Popen[bytes] | None = None
         self.held_since: float | None = None  # a stop kept from verl while HOLDS_OFF said so (a save running)
+        self.repeated = 0  # stops that came again while one was held
         self._holds_off = holds_off
         self._event = threading.Event()
         self._previous: dict[int, object] = {}
@@ -116,6 +140,9 @@ class StopRequest:
             signal.signal(signum, handler)  # type: ignore[arg-type]
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.held_since is not None:  # the save goes on: this stop waits with the first
+            self.repeated += 1
+            return
         again = self.signal is not None
         self.signal = signum
         self._event.set()
@@ -138,12 +165,18 @@ class StopRequest:
         if self.signal is not None:
             self._send(self.signal)
 
-    def release(self, grace_s: float) -> None:
-        """Pass a held stop on once verl's save is written, or once GRACE_S seconds have gone by."""
+    def release(self, grace_s: float) -> bool:
+        """Pass a held stop on once verl's save is written, or once GRACE_S seconds have gone by; True: the grace
+        ran out with the save still under way."""
         if self.held_since is None or self.signal is None:
-            return
-        if not self._holds_off() or time.monotonic() - self.held_since > grace_s:
+            return False
+        if not self._holds_off():
             self._send(self.signal)
+            return False
+        if time.monotonic() - self.held_since > grace_s:
+            self._send(self.signal)
+            return True
+        return False
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to SECONDS; True when a stop signal came."""
@@ -210,11 +243,12 @@ def _supervise(
                     f"verl failed ({describe_exit(code)} after {show_duration(ended - started)}); {reason}, so it is "
                     f"not restarted: the cause is in the lines above. Fixed, the next start resumes from {where}"
                 )
+            delay = policy.delay(attempts)
             say(
                 f"verl failed ({describe_exit(code)} after {show_duration(ended - started)}); restart "
-                f"{len(attempts)} in {show_duration(policy.delay_s)}, resuming from {where}"
+                f"{len(attempts)} in {show_duration(delay)}, resuming from {where}"
             )
-            if stop.wait(policy.delay_s):
+            if stop.wait(delay):
                 return stop.exit_code
             before_restart(describe_exit(code), saved)
 
@@ -235,7 +269,7 @@ def run_attempt(
     child = subprocess.Popen(list(command), env=child_env, start_new_session=True, **output)  # type: ignore[call-overload]
     stop.started(child)
     reader = watch.follow(child.stdout) if watch and child.stdout else None
-    told = False
+    told, repeated = False, 0
     while True:
         try:
             code = child.wait(timeout=0.5)
@@ -247,13 +281,35 @@ def run_attempt(
             if stop.held_since is not None and not told:
                 say(f"stopping once verl has written the checkpoint it is saving (at most {save_grace_s:.0f} s)")
                 told = True
-            stop.release(save_grace_s)
+            if stop.held_since is not None and stop.repeated > repeated:
+                repeated = stop.repeated
+                waited = time.monotonic() - stop.held_since
+                say(f"another stop: still holding for the save ({max(save_grace_s - waited, 0):.0f} s of grace left)")
+            if stop.release(save_grace_s):
+                say(
+                    f"the checkpoint was not written within {save_grace_s:.0f} s: stopping verl anyway (the next "
+                    "start resumes from the newest whole save)"
+                )
     left = end_leftovers(marker)
     if left:
         say(f"ended {left} process(es) verl left running")
+    if "RAY_ADDRESS" not in env:  # this attempt's Ray has ended with it; a cluster's Ray lives elsewhere
+        prune_ray_sessions(Path(env.get("RAY_TMPDIR") or RAY_TEMP), say)
     if reader:
         reader.join(timeout=5)  # its end of the pipe is closed once the last holder has gone
     return code
+
+
+def prune_ray_sessions(root: Path, say: Callable[[str], None]) -> None:
+    """Remove the session folders of Ray's that ended (logs, sockets, spilled objects), all but the newest: a week of
+    restarts piles them up in /tmp. Said only when /tmp is short of room afterwards."""
+    sessions = sorted(root.glob("session_2*"), key=lambda path: path.stat().st_mtime if path.exists() else 0)
+    for stale in sessions[:-1]:
+        shutil.rmtree(stale, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        free = shutil.disk_usage(root if root.exists() else root.parent).free
+        if free < TEMP_ROOM_BYTES:
+            say(f"note: {root.parent} has {free / 2**30:.1f} GiB free: the next Ray session (its logs) may not fit")
 
 
 def processes_marked(marker: str) -> list[int]:
@@ -333,21 +389,43 @@ def clear_halt() -> None:
     HALT_FILE.unlink(missing_ok=True)
 
 
-def hold(exit_code: int, reason: str, say: Callable[[str], None], retry: Callable[[], bool] | None = None) -> int:
+def hold(
+    exit_code: int,
+    reason: str,
+    say: Callable[[str], None],
+    retry: Callable[[], bool] | None = None,
+    run_again_after_s: float | None = None,
+) -> int | None:
     """Stay up with the reason on record until stopped, then exit with EXIT_CODE: an exit would have Docker
     restart the container into the same failure. RETRY (a record the full disk kept from being written) is
-    tried every RETRY_S seconds until it says it is done: room freed during the hold lets it land."""
+    tried every RETRY_S seconds until it says it is done: room freed during the hold lets it land. With
+    RUN_AGAIN_AFTER_S (a crash loop) the hold ends by itself after that long, said in HALT_FILE: None, run again."""
     say = ConsoleGuard().guarding(say)  # a dead console must not end the hold: the reason is in HALT_FILE
+    again_at = time.monotonic() + run_again_after_s if run_again_after_s else None
+    record = reason + "\n"
+    if run_again_after_s:
+        at = datetime.now(timezone.utc) + timedelta(seconds=run_again_after_s)
+        record += (
+            f"tried again on its own at {at.isoformat(timespec='seconds')} ({show_duration(run_again_after_s)} after "
+            "the halt: VERLBOX_HALT_RETRY_S)\n"
+        )
     try:
-        HALT_FILE.write_text(reason + "\n")
+        HALT_FILE.write_text(record)
     except OSError as exc:
         say(f"halted; cannot write {HALT_FILE} for the healthcheck ({exc.strerror or exc})")
+    again = f"tried again on its own in {show_duration(run_again_after_s)}; " if run_again_after_s else ""
     say(
-        "halted: holding here (no restart into the same failure); after fixing it: "
+        f"halted: holding here (no restart into the same failure); {again}after fixing it: "
         "`docker compose up -d --force-recreate train`, or stop with `docker compose down`"
     )
     with StopRequest() as stop:
-        while not stop.wait(RETRY_S if retry else 3600):
+        while True:
+            wait_s = RETRY_S if retry else 3600.0
+            if again_at is not None:
+                wait_s = min(wait_s, max(again_at - time.monotonic(), 0.0))
+            if stop.wait(wait_s):
+                return exit_code
             if retry is not None and retry():
                 retry = None
-    return exit_code
+            if again_at is not None and time.monotonic() >= again_at:
+                return None

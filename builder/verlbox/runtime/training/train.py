@@ -11,7 +11,7 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -31,6 +31,7 @@ from verlbox.runtime.training import (
     supervisor,
     utilization,
 )
+from verlbox.runtime.training import console as console_guard
 from verlbox.runtime.training.data import prepare_gsm8k
 from verlbox.runtime.training.memory_cap import SITECUSTOMIZE_DIR
 from verlbox.runtime.training.overrides import (
@@ -43,6 +44,7 @@ from verlbox.runtime.training.overrides import (
 )
 from verlbox.runtime.training.patches import patch_set_for
 from verlbox.runtime.training.profile import Topology, TrainingPlan, batch_problems
+from verlbox.runtime.training.save_watch import SaveWatch
 from verlbox.runtime.training.spec import ImageSpec
 
 DEFAULT_RAW_GSM8K = "/data/gsm8k-raw"
@@ -56,6 +58,8 @@ PROGRESS_MODE = "VERLBOX_PROGRESS"
 NVIDIA_SMI_TIMEOUT_S = 60
 # `nvidia-smi -L`: "GPU 0: Tesla P40 (UUID: GPU-...)"; MIG devices are indented lines under their GPU
 LISTED_GPU = re.compile(r"^GPU \d+: .*\(UUID: (GPU-[^)\s]+)\)")
+# a MIG instance, listed under its GPU when MIG is on: CUDA_VISIBLE_DEVICES may name it by this UUID
+LISTED_MIG = re.compile(r"^\s+MIG .*\(UUID: (MIG-[^)\s]+)\)")
 
 
 def data_files(overrides: list[str]) -> list[Path]:
@@ -96,18 +100,23 @@ def visible_gpus(environ: Mapping[str, str]) -> tuple[int, str]:
     if listing.returncode != 0:
         said = (listing.stderr or listing.stdout).strip().splitlines()
         return 0, f"no GPU counted here: nvidia-smi -L failed ({said[-1] if said else f'exit {listing.returncode}'})"
-    gpus = [match.group(1) for line in listing.stdout.splitlines() if (match := LISTED_GPU.match(line))]
+    lines = listing.stdout.splitlines()
+    gpus = [match.group(1) for line in lines if (match := LISTED_GPU.match(line))]
+    migs = [match.group(1) for line in lines if (match := LISTED_MIG.match(line))]
     chosen = environ.get("CUDA_VISIBLE_DEVICES")
-    count = len(gpus) if chosen is None else cuda_visible(chosen, gpus)
+    count = len(gpus) if chosen is None else cuda_visible(chosen, gpus, migs)
     return count, f"{count} GPU(s) visible here"
 
 
-def cuda_visible(setting: str, gpus: list[str]) -> int:
+def cuda_visible(setting: str, gpus: list[str], migs: Sequence[str] = ()) -> int:
     """How many of GPUS (their UUIDs) CUDA_VISIBLE_DEVICES=SETTING leaves to CUDA, as CUDA reads it: entries up to
-    the first that names none of them, each an index or the start of one UUID; a GPU named twice leaves none."""
+    the first that names none of them, each an index or the start of one UUID; a GPU named twice leaves none. A MIG
+    instance (MIGS) counts as one device, and CUDA 11 and 12 enumerate one MIG instance at most."""
     chosen: list[str] = []
     for entry in (part.strip() for part in setting.split(",")):
         matches = [gpu for gpu in gpus if gpu.startswith(entry)] if entry.startswith("GPU-") else []
+        if entry.startswith("MIG-") and not any(found.startswith("MIG-") for found in chosen):
+            matches = [mig for mig in migs if mig.startswith(entry)]
         if entry.isdigit() and int(entry) < len(gpus):
             matches = [gpus[int(entry)]]
         if len(matches) != 1:
@@ -318,7 +327,7 @@ def train(
     profile: str | None = None,
 ) -> int:
     # a console that dies before verl starts must not end train either (rich would exit 1, and no hold)
-    console = progress.GuardedConsole(console)  # type: ignore[assignment]
+    console = console_guard.GuardedConsole(console)  # type: ignore[assignment]
 
     def say(line: str) -> None:
         console.print(line, markup=False)
@@ -333,7 +342,7 @@ def train(
         try:
             topology = resolve_topology(gpus_per_node, nodes, user_overrides, environ, console)
             plan = TrainingPlan(spec, environ, topology, profile)
-            overrides = verified_overrides(plan, user_overrides)
+            overrides = checkpoints.keep_two_at_least(verified_overrides(plan, user_overrides), say)
             console.print(f"training on {topology.describe()}: {topology.world_size} GPU(s)")
             if dry_run:
                 width = override_value(overrides, prompt_lengths.KEY)
@@ -386,7 +395,7 @@ def supervised_run(
     folder = checkpoints.Settings.from_overrides(overrides).local_folder
     watch = run_watch(folder, overrides, environ, facts, console)
     # from here a dead console must end neither the reader nor the supervisor (its restarts say lines)
-    guard = console.guard if isinstance(console, progress.GuardedConsole) else progress.ConsoleGuard()
+    guard = console.guard if isinstance(console, console_guard.GuardedConsole) else console_guard.ConsoleGuard()
     say = (watch.console if watch else guard).guarding(say)
     log = run_record.RunLog(folder, new_run(plan, overrides, environ, facts, gpu_memory_gib), say) if folder else None
 
@@ -397,6 +406,8 @@ def supervised_run(
         checkpoints.prepare(overrides, environ, say, dry_run=False)
 
     sys.stdout.flush()
+    # from here no line waits for the console: one that blocks (a stalled terminal, `| less`) must not stall verl
+    console_guard.start_relay()
     outcome = "error in verlbox"
     try:
         code = supervisor.supervise(
@@ -425,6 +436,7 @@ def supervised_run(
             halted = sys.exc_info()[1]
             if log.unwritten and isinstance(halted, VerlboxError):  # the hold tries it again (commands.train)
                 halted.pending_write = log.write_pending  # type: ignore[attr-defined]
+        console_guard.settle()  # the run's last lines reach the console before train goes on, unless it blocks
 
 
 def progress_mode(environ: dict[str, str]) -> str:
@@ -478,8 +490,8 @@ def run_watch(
         None if plain_mode else folder,
         steps,
         show,
-        save_written=lambda step_folder, since: checkpoints.save_written(step_folder, load_contents, since),
-        guard=console.guard if isinstance(console, progress.GuardedConsole) else None,
+        saves=SaveWatch(folder, load_contents),
+        guard=console.guard if isinstance(console, console_guard.GuardedConsole) else None,
     )
 
 
