@@ -5,8 +5,9 @@ end, stall or slow the run.
 A failure gives the console up for the run. A block is outlasted: once verl runs, every line goes to the console
 from a thread of its own (`start_relay`), through a bounded queue; lines that do not fit are dropped and counted,
 and the count is said once the console takes lines again. Neither verl's reader (verl would block on a full pipe),
-the supervisor (its restarts and held stops) nor a hold ever waits on the console. As `train` ends, `settle` gives
-the console a few seconds; one still blocked then is left behind (commands.train exits without Python's own flush).
+the supervisor (its restarts and held stops) nor a hold ever waits on the console. As verl's run ends, `settle` gives
+the console a few seconds to take what is queued; one still blocked then is left behind: every later line goes to
+the queue, and commands.train exits without Python's own flush of it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class _Relay:
         self._queue: deque[tuple[Callable[[object], None], object]] = deque()
         self._changed = threading.Condition()
         self._busy = False
+        self._closing = False
         self.dropped = 0  # since the console last took a line
         self.blocked_since: str | None = None  # when lines were first dropped, until the console takes one again
         threading.Thread(target=self._run, daemon=True, name="console").start()
@@ -52,7 +54,9 @@ class _Relay:
     def _run(self) -> None:
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: bool(self._queue))
+                self._changed.wait_for(lambda: bool(self._queue) or self._closing)
+                if not self._queue:
+                    return
                 deliver, text = self._queue.popleft()
                 dropped, self.dropped, self.blocked_since = self.dropped, 0, None
                 self._busy = True
@@ -68,6 +72,11 @@ class _Relay:
         with self._changed:
             return self._changed.wait_for(lambda: not self._queue and not self._busy, timeout_s)
 
+    def close(self) -> None:
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+
 
 _relay: _Relay | None = None
 _relay_lock = threading.Lock()
@@ -82,9 +91,18 @@ def start_relay() -> None:
 
 
 def settle(timeout_s: float = SETTLE_S) -> bool:
-    """True once every line said so far has reached the console (or failed to); False after TIMEOUT_S with the
-    console still blocked: the process must then end without writing to it again."""
-    return _relay is None or _relay.settle(timeout_s)
+    """True once every line said so far has reached the console (or failed to): lines are written directly again.
+    False after TIMEOUT_S with the console still blocked: the relay stays, so that nothing said later waits on the
+    console, and the process must end without writing to it again."""
+    global _relay
+    with _relay_lock:
+        if _relay is None:
+            return True
+        if not _relay.settle(timeout_s):
+            return False
+        _relay.close()
+        _relay = None
+        return True
 
 
 class ConsoleGuard:
