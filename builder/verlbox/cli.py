@@ -456,8 +456,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         err.print(f"verlbox: error: {exc}", markup=False)
         return exc.exit_code
-    except KeyboardInterrupt:
-        err.print("verlbox: interrupted")
+    except KeyboardInterrupt as exc:
+        # a command that kept something for the next attempt says where, on the same line
+        err.print(f"verlbox: interrupted{f': {exc}' if str(exc) else ''}", markup=False)
         return INTERRUPTED
     except Exception as exc:  # a bug, not bad input: still one line unless asked for more
         if os.environ.get("VERLBOX_DEBUG") == "1":
