@@ -406,7 +406,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     init = sub["init"]
     init.add_argument("directory", nargs="?", default=".", help="the run folder (default: the current one)")
-    init.add_argument("--image", help="the image to train with (default: the newest verlbox image on this engine)")
+    init.add_argument(
+        "--image",
+        help="the image to train with (default: the one the last `verlbox build` made, else the newest verlbox "
+        "image on this engine)",
+    )
     init.add_argument("--force", action="store_true", help="overwrite files you changed (compose.yaml, .env)")
 
     fetch = sub["fetch"]

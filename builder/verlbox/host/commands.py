@@ -124,6 +124,7 @@ def _sources(args: argparse.Namespace) -> BuildSources:
 
 def build(args: argparse.Namespace) -> int:
     from verlbox.host.building.build import build_image, check_tags, default_tag
+    from verlbox.host.runs.remembered import remember_build
     from verlbox.host.trust.bundle import bundle_folder
 
     recipe = load_recipe(args.recipe)
@@ -151,6 +152,8 @@ def build(args: argparse.Namespace) -> int:
         console=err,
     )
     err.print(f"built {', '.join(result.tags)} ({result.image_id[:19]}) in {result.seconds:.0f} s")
+    if problem := remember_build(result.tags[0], result.image_id):
+        err.print(f"note: {problem}", markup=False)
     return 0
 
 
