@@ -30,6 +30,49 @@ def test_version() -> None:
     assert result.returncode == 0 and result.stdout.strip() == f"verlbox {__version__}"
 
 
+def test_bare_verlbox_shows_its_help() -> None:
+    result = run_verlbox()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: verlbox ") and "verlbox doctor" in result.stdout
+
+
+def test_a_mistyped_command_gets_the_nearest_and_the_host_s_commands() -> None:
+    result = run_verlbox("biuld", "p40-cu124")
+    line = one_error_line(result.stderr)
+    assert result.returncode == 2
+    assert line.startswith("verlbox: error: no command 'biuld' (did you mean `verlbox build`?); the commands: ")
+    listed = line.split("; the commands: ")[1].removesuffix(" (see `verlbox --help`)").split(", ")
+    assert {"build", "init", "doctor", "clean", "fetch"} <= set(listed)
+    assert not {"train", "smoke-checks", "prepare-data", "patch-verl", "tensorboard"} & set(listed)
+
+
+@pytest.mark.parametrize(
+    ("words", "abbreviated"),
+    [
+        (["init", "--imag", "foo", "run"], "--imag"),
+        (["build", "p40-cu124", "--chec"], "--chec"),
+        (["clean", "--ye"], "--ye"),
+        (["fetch", "model", "--ou", "x"], "--ou"),
+    ],
+    ids=["init", "build", "clean", "fetch"],
+)
+def test_no_command_takes_an_abbreviated_option(words: list[str], abbreviated: str, tmp_path: Path) -> None:
+    """`init --imag foo` was taken as --image: compose then failed on an image nobody meant."""
+    result = run_verlbox(*words, cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"unrecognized arguments: {abbreviated}" in one_error_line(result.stderr)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tensorboard_on_the_host_says_it_runs_in_the_image() -> None:
+    result = run_verlbox("tensorboard")
+    assert result.returncode == 2
+    assert one_error_line(result.stderr) == (
+        "verlbox: error: tensorboard runs in the image, where TensorBoard is installed: `docker compose up -d "
+        "tensorboard` in the run folder serves every run's curves (README: Watching a run)"
+    )
+
+
 def test_recipes_piped_keep_every_name_and_purpose_whole() -> None:
     result = run_verlbox("recipes")
     assert result.returncode == 0
