@@ -42,7 +42,7 @@ from verlbox.host.recipes.lock import Lock, read_lock
 from verlbox.host.recipes.recipe import RecipeHead, load_recipe, recipe_names
 from verlbox.host.runs.remembered import last_build, remember_run_folder
 from verlbox.host.trust.verify import HASH_LABELS, label_differences
-from verlbox.run_folder import INIT_RECORD
+from verlbox.run_folder import INIT_RECORD, unfit_for_run_folder
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -72,6 +72,8 @@ class Planned:
 
 def init(args: argparse.Namespace) -> int:
     directory = Path(args.directory)
+    if problem := unfit_for_run_folder(directory):
+        raise UsageError(problem)
     template = paths.env_example_file().read_text()
     previous = dotenv_values(directory / ".env")
     notes: list[str] = []
