@@ -89,7 +89,7 @@ def test_recipes_name_the_driver_floor_doctor_applies() -> None:
     result = run_verlbox("recipes")
     for name in ("p40", "p40-cu124"):
         row = next(line for line in result.stdout.splitlines() if f" {name} " in line)
-        lowest, full = re.search(r">= (\S+) \(full support from (\S+)\)", row).groups()
+        full, lowest = re.search(r">= (\S+) \(full support\); >= (\S+) through CUDA's minor-version", row).groups()
         cuda = load_recipe(name).cuda.version
         assert driver_support(lowest, cuda)[0] and "compatibility" in driver_support(lowest, cuda)[1]
         assert driver_support(full, cuda) == (True, "")

@@ -55,8 +55,11 @@ def recipes(args: argparse.Namespace) -> int:
             name,
             ", ".join(recipe.target_gpus),
             f"{recipe.cuda.version} ({recipe.cuda.provided_by})",
-            # doctor's and preflight's rule: the compatibility floor runs, the full-support floor is advised
-            f">= {floors[1]} (full support from {floors[0]})" if floors else "unknown to verlbox",
+            # doctor's and preflight's rule: the compatibility floor runs, the full-support floor is advised;
+            # each named for what it is, beside a description that may name either
+            f">= {floors[0]} (full support); >= {floors[1]} through CUDA's minor-version compatibility"
+            if floors
+            else "unknown to verlbox",
             recipe.torch.version,
             recipe.verl.version,
             recipe.description,
