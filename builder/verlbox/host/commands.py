@@ -492,6 +492,8 @@ def _checkpoints_folder(args: argparse.Namespace) -> Path:
     else:
         run = find_run_folder(args.folder or args.run, named_by="" if args.folder else "--run ")
         folder = run.checkpoints if run else Path("checkpoints")
+        if run is None and not folder.is_dir() and _records_runs(Path.cwd()):  # in checkpoints/ or one run's
+            folder = Path.cwd()
         if run is None and not folder.is_dir():
             raise UsageError(
                 f"no run folder here ({Path.cwd()} has no .env or compose.yaml) and no ./checkpoints: give a "
@@ -504,6 +506,13 @@ def _checkpoints_folder(args: argparse.Namespace) -> Path:
     return folder
 
 
+def _records_runs(folder: Path) -> bool:
+    """FOLDER is a checkpoints folder, or one run's in it: a start of `train` recorded there."""
+    from verlbox.runtime.training.run_record import RUN_FILE
+
+    return (folder / RUN_FILE).is_file() or any(folder.glob(f"*/{RUN_FILE}"))
+
+
 def _report_folder(args: argparse.Namespace) -> Path:
     """One run's folder: FOLDER as a path, else an EXPERIMENT of the run folder, else the run that logged last."""
     from verlbox.run_folder import find_run_folder
@@ -513,6 +522,8 @@ def _report_folder(args: argparse.Namespace) -> Path:
     if args.folder and not (args.run and named) and Path(args.folder).is_dir():
         return Path(args.folder)
     run = find_run_folder(args.run) if named or args.folder is None else None
+    if run is None and args.folder is None and (Path.cwd() / METRICS_FILE).is_file():  # in checkpoints/EXPERIMENT
+        return Path.cwd()
     if run is None:
         what = f"{args.folder}: not a folder" if args.folder else "no run folder here (no .env or compose.yaml)"
         raise UsageError(f"{what}; give one run's folder (checkpoints/EXPERIMENT), or --run DIR and an EXPERIMENT")
