@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from pathlib import Path
@@ -200,3 +201,22 @@ def test_bundling_p40_is_refused_in_one_sentence_saying_why(tmp_path: Path) -> N
         "an offline build checks each .deb against Debian's signed archive only"
     )
     assert not (tmp_path / "bundle").exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "advice"),
+    [
+        ({"gpu": True}, "(--gpu needs the GPU tier)"),
+        ({"model": "models/qwen"}, "(--model needs the GPU tier)"),
+        ({"learn": True, "model": "m"}, "(--learn and --model need the GPU tier)"),
+    ],
+    ids=["gpu", "model", "learn-model"],
+)
+def test_smoke_without_a_gpu_names_the_flag_that_needs_one(given: dict[str, object], advice: str) -> None:
+    """`smoke --model` on a host without the NVIDIA runtime once advised "without --gpu", never given."""
+    from verlbox.host.commands import cpu_tier_advice
+
+    args = argparse.Namespace(
+        **({"recipe": "p40-cu124", "image": None, "gpu": False, "learn": False, "model": None} | given)
+    )
+    assert cpu_tier_advice(args) == f"; or run the CPU tier alone: `verlbox smoke p40-cu124` {advice}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from dataclasses import asdict
@@ -294,12 +295,24 @@ def verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cpu_tier_advice(args: argparse.Namespace) -> str:
+    """Where no GPU can be had: the command for the CPU tier alone, naming what the user gave that needs the
+    GPU tier (--model and --learn imply it: "without --gpu" told one who never gave it)."""
+    needing = [flag for flag, given in (("--gpu", args.gpu), ("--learn", args.learn), ("--model", args.model)) if given]
+    command = " ".join(
+        ["verlbox smoke", shlex.quote(args.recipe), *(["--image", shlex.quote(args.image)] if args.image else [])]
+    )
+    verb = "needs" if len(needing) == 1 else "need"
+    return f"; or run the CPU tier alone: `{command}` ({' and '.join(needing)} {verb} the GPU tier)"
+
+
 def smoke(args: argparse.Namespace) -> int:
     from verlbox.host.clients.engine import require_cli, require_image
     from verlbox.runtime.checks.smoke import CheckResult
     from verlbox.runtime.commands import print_results
 
     mounts = _real_model_mounts(args.model, args.data)
+    cpu_tier = cpu_tier_advice(args)  # before --model and --learn imply the GPU tier
     args.learn = args.learn or bool(args.model)
     args.gpu = args.gpu or args.learn
     image = image_for(args)
@@ -307,7 +320,7 @@ def smoke(args: argparse.Namespace) -> int:
     if args.gpu:
         from verlbox.host.runs.doctor import require_nvidia_runtime
 
-        require_nvidia_runtime("; or run the CPU tier alone: verlbox smoke without --gpu")
+        require_nvidia_runtime(cpu_tier)
     command = [require_cli(), "run", "--rm", "--shm-size", "2g"]
     command += ["--gpus", "all"] if args.gpu else []
     command += [*mounts, image, "smoke-checks", "--json", "-"]
