@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import venv
 import zipfile
 from pathlib import Path
@@ -24,6 +25,17 @@ REPO = Path(__file__).resolve().parents[1]
 # tests never reach an upstream: a source archive missing from the cache is "fetched" from a port
 # where nothing listens, and fails in one line (tests/test_archives.py serves its own)
 os.environ.setdefault("VERLBOX_SOURCES_URL", closed_port_url())
+# what verlbox remembers (the run folders init made, the last build) never goes to the user's own state
+# folder: the session's fixtures write to one of their own, each test to its own (state_folder)
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="verlbox-test-state-")
+
+
+@pytest.fixture(autouse=True)
+def state_folder(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """XDG_STATE_HOME for this test alone: no test sees another's run folders or last build."""
+    folder = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(folder))
+    return folder
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker

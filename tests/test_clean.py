@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -163,6 +164,34 @@ def test_tagged_images_go_only_when_no_run_folder_names_them_and_no_container_us
     assert [found["mine/p40:2"].size, found["mine/p40:3"].size] == [0, 300]  # counted once, on the last tag
 
 
+class NoContainers:
+    """The engine's API with no compose container: only init's list tells of other run folders."""
+
+    def containers(self, **_: object) -> list[dict[str, object]]:
+        return []
+
+
+def test_a_run_folder_init_made_keeps_its_image_from_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run outside the run folder, clean once offered its image for removal: the README says it never does."""
+    made = subprocess.run(
+        [sys.executable, "-m", "verlbox.cli", "init", "run", "--image", "verlbox-test/p40-cu124:ci"],
+        cwd=tmp_path,
+        env=os.environ | {"DOCKER_HOST": NO_ENGINE},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    environ = {key: value for key, value in os.environ.items() if key != "VERLBOX_IMAGE"}
+    named = clean.run_folder_images(argparse.Namespace(api=NoContainers()), None, environ)
+    assert named == {"verlbox-test/p40-cu124:ci": f"run folder {tmp_path / 'run'}'s .env names it"}
+    shutil.rmtree(tmp_path / "run")  # gone: nothing to keep for it, and no error
+    assert clean.run_folder_images(argparse.Namespace(api=NoContainers()), None, environ) == {}
+
+
 def test_files_under_the_cache_folder_and_one_held_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     logs, sources = tmp_path / "verlbox" / "build-logs", tmp_path / "verlbox" / "sources"
@@ -308,7 +337,7 @@ def test_a_dry_run_lists_only_verlbox_s_and_removal_takes_only_what_is_listed(
     rows = table_rows(with_images.stdout)
     assert rows[engine_objects["named"]] == (IMAGE, "-", f"keep: run folder {run}'s .env names it")
     assert rows[engine_objects["free"]][0] == IMAGE and rows[engine_objects["free"]][2].startswith("remove: recipe ")
-    assert "a run folder that never started and is not this one cannot be seen" in with_images.stderr
+    assert "a run folder made otherwise that never started cannot be seen: check its .env" in with_images.stderr
     # all still there: a dry run
     assert docker("image", "inspect", engine_objects["dead"], check=False).returncode == 0
     assert set(cache_mounts(docker_engine, mark).values()) == {ours_by_id, ours_by_steps, other}

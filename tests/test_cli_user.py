@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from pathlib import Path
@@ -30,6 +31,49 @@ def test_version() -> None:
     assert result.returncode == 0 and result.stdout.strip() == f"verlbox {__version__}"
 
 
+def test_bare_verlbox_shows_its_help() -> None:
+    result = run_verlbox()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: verlbox ") and "verlbox doctor" in result.stdout
+
+
+def test_a_mistyped_command_gets_the_nearest_and_the_host_s_commands() -> None:
+    result = run_verlbox("biuld", "p40-cu124")
+    line = one_error_line(result.stderr)
+    assert result.returncode == 2
+    assert line.startswith("verlbox: error: no command 'biuld' (did you mean `verlbox build`?); the commands: ")
+    listed = line.split("; the commands: ")[1].removesuffix(" (see `verlbox --help`)").split(", ")
+    assert {"build", "init", "doctor", "clean", "fetch"} <= set(listed)
+    assert not {"train", "smoke-checks", "prepare-data", "patch-verl", "tensorboard"} & set(listed)
+
+
+@pytest.mark.parametrize(
+    ("words", "abbreviated"),
+    [
+        (["init", "--imag", "foo", "run"], "--imag"),
+        (["build", "p40-cu124", "--chec"], "--chec"),
+        (["clean", "--ye"], "--ye"),
+        (["fetch", "model", "--ou", "x"], "--ou"),
+    ],
+    ids=["init", "build", "clean", "fetch"],
+)
+def test_no_command_takes_an_abbreviated_option(words: list[str], abbreviated: str, tmp_path: Path) -> None:
+    """`init --imag foo` was taken as --image: compose then failed on an image nobody meant."""
+    result = run_verlbox(*words, cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"unrecognized arguments: {abbreviated}" in one_error_line(result.stderr)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tensorboard_on_the_host_says_it_runs_in_the_image() -> None:
+    result = run_verlbox("tensorboard")
+    assert result.returncode == 2
+    assert one_error_line(result.stderr) == (
+        "verlbox: error: tensorboard runs in the image, where TensorBoard is installed: `docker compose up -d "
+        "tensorboard` in the run folder serves every run's curves (README: Watching a run)"
+    )
+
+
 def test_recipes_piped_keep_every_name_and_purpose_whole() -> None:
     result = run_verlbox("recipes")
     assert result.returncode == 0
@@ -46,7 +90,7 @@ def test_recipes_name_the_driver_floor_doctor_applies() -> None:
     result = run_verlbox("recipes")
     for name in ("p40", "p40-cu124"):
         row = next(line for line in result.stdout.splitlines() if f" {name} " in line)
-        lowest, full = re.search(r">= (\S+) \(full support from (\S+)\)", row).groups()
+        full, lowest = re.search(r">= (\S+) \(full support\); >= (\S+) through CUDA's minor-version", row).groups()
         cuda = load_recipe(name).cuda.version
         assert driver_support(lowest, cuda)[0] and "compatibility" in driver_support(lowest, cuda)[1]
         assert driver_support(full, cuda) == (True, "")
@@ -157,3 +201,22 @@ def test_bundling_p40_is_refused_in_one_sentence_saying_why(tmp_path: Path) -> N
         "an offline build checks each .deb against Debian's signed archive only"
     )
     assert not (tmp_path / "bundle").exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "advice"),
+    [
+        ({"gpu": True}, "(--gpu needs the GPU tier)"),
+        ({"model": "models/qwen"}, "(--model needs the GPU tier)"),
+        ({"learn": True, "model": "m"}, "(--learn and --model need the GPU tier)"),
+    ],
+    ids=["gpu", "model", "learn-model"],
+)
+def test_smoke_without_a_gpu_names_the_flag_that_needs_one(given: dict[str, object], advice: str) -> None:
+    """`smoke --model` on a host without the NVIDIA runtime once advised "without --gpu", never given."""
+    from verlbox.host.commands import cpu_tier_advice
+
+    args = argparse.Namespace(
+        **({"recipe": "p40-cu124", "image": None, "gpu": False, "learn": False, "model": None} | given)
+    )
+    assert cpu_tier_advice(args) == f"; or run the CPU tier alone: `verlbox smoke p40-cu124` {advice}"

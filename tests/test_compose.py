@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,25 @@ def test_tensorboard_serves_on_the_host_s_loopback_only_from_a_read_only_checkpo
     assert board["user"].startswith("1234:")
     # a stop during a save waits for it (train's own grace, 240 s) within Docker's
     assert services["train"]["stop_grace_period"] == "5m0s" and services["train"]["init"] is True
+
+
+def test_the_pkg_resources_warning_is_kept_out_of_the_services_consoles(tmp_path: Path, compose_cli) -> None:
+    """setuptools 80 (the lock's) warns as verl's dependencies import pkg_resources: every shell printed it."""
+    (tmp_path / ".env").write_text("VERLBOX_IMAGE=verlbox/p40-cu124:0.1.0\n")
+    result = compose_config(tmp_path, {})
+    assert result.returncode == 0, result.stderr
+    settings = json.loads(result.stdout)["services"]["train"]["environment"]["PYTHONWARNINGS"]
+    (tmp_path / "pkg_resources.py").write_text(  # setuptools 80.9's own words
+        "import warnings\n\nwarnings.warn('pkg_resources is deprecated as an API. See "
+        "https://setuptools.pypa.io/en/latest/pkg_resources.html.', UserWarning, stacklevel=2)\n"
+    )
+    probe = "import pkg_resources, warnings; warnings.warn('another warning', UserWarning)"
+    shown = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PYTHONWARNINGS": settings},
+        check=True,
+    )
+    assert "pkg_resources" not in shown.stderr and "another warning" in shown.stderr

@@ -293,7 +293,7 @@ def test_recipe_verdict_and_exit_code_per_gpu(
             "recipe for GPU 0: write a recipe with target_gpus: ['9.0'] (README: Recipes), "
             "or use a GPU of compute capability 6.1"
         ]
-        assert "recommended:" not in result.stdout
+        assert last.startswith("recommended: verlbox build p40-cu124: no recipe runs on this host's GPUs, ")
     else:
         assert fixes == []
         # the line a user acts on comes last, and names one recipe
@@ -369,4 +369,19 @@ def test_a_driver_too_old_to_report_compute_capability_still_gets_a_verdict(tmp_
         "recommended: verlbox build p40: driver 470.256.02 runs its CUDA 11.8 through CUDA minor-version "
         "compatibility (>= 450.80.02), full support from 520.61.05; it has no lock: `verlbox build p40 --check` asks "
         "whether every pin is served; not p40-cu124: CUDA 12.4 needs driver >= 525.60.13, full support from 550.54.14"
+    )
+
+
+def test_a_host_without_a_gpu_still_ends_with_the_recipe_to_build(tmp_path: Path) -> None:
+    """A build-only host (no nvidia-smi, no Docker here either): the README promises it the recipe line too,
+    with the driver the GPU host needs, each floor named for what it is."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    result = run_verlbox("doctor", env={"PATH": str(empty)})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stdout.strip().splitlines()[-1] == (
+        "recommended: verlbox build p40-cu124: no GPU answers here, so this host builds for another: it is locked "
+        "(built, and every package pinned from that build); that host's GPU of compute capability 6.1 needs a "
+        "driver that runs CUDA 12.4 (from 525.60.13 through CUDA's minor-version compatibility, fully from "
+        "550.54.14; `verlbox doctor` there says)"
     )

@@ -8,13 +8,20 @@ file without its hash, or list a file to the client's own second listing only.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import os
+import pty
 import random
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -72,6 +79,8 @@ class StandInHub:
     relisted: dict[str, dict[str, object]] = field(default_factory=dict)  # path -> keys its listing shows instead
     sneaked: dict[str, bytes] = field(default_factory=dict)  # files listed only without ?blobs=True, and served
     bare_404: bool = False  # a mirror or proxy: a 404 without the hub's X-Error-Code
+    stalls: dict[str, int] = field(default_factory=dict)  # path -> bytes served before the rest waits for release
+    release: threading.Event = field(default_factory=threading.Event)
 
     def publish(self, repo_type: str, repo: str, files: dict[str, bytes], branch: str = "main") -> str:
         commit = hashlib.sha1(repr((repo, sorted(files.items()))).encode()).hexdigest()
@@ -147,6 +156,12 @@ def handler_for(stand_in: StandInHub) -> type[BaseHTTPRequestHandler]:
                 stand_in.drops[name] -= 1
                 self.close_connection = True
                 return self.send(206 if start else 200, payload, headers, cut=len(payload) // 2)
+            if body and name in stand_in.stalls:
+                # a slow link: the first bytes, then nothing until the test lets the rest go
+                self.send(206 if start else 200, payload, headers, cut=stand_in.stalls[name])
+                if stand_in.release.wait(timeout=60):
+                    self.wfile.write(payload[stand_in.stalls[name] :])
+                return None
             self.send(206 if start else 200, payload, headers, body=body)
 
         def refuse(self, code: str | None) -> None:
@@ -180,6 +195,7 @@ def stand_in() -> Iterator[StandInHub]:
     thread.start()
     state.endpoint = f"http://127.0.0.1:{server.server_port}"
     yield state
+    state.release.set()
     server.shutdown()
     server.server_close()
     thread.join()
@@ -357,6 +373,60 @@ def test_a_restart_resumes_and_no_half_folder_is_used(
     assert stand_in.gets(WEIGHTS)[-1] == f"bytes={kept[0]}-"
     assert (folder / WEIGHTS).read_bytes() == files[WEIGHTS]
     assert left_behind(tmp_path) == ["model"]
+
+
+def test_ctrl_c_ends_a_download_at_once_and_the_same_command_resumes_it(stand_in: StandInHub, tmp_path: Path) -> None:
+    """On a slow link Ctrl-C used to wait, silently, for the file under way to end (the hub client's own
+    threads are joined as Python exits): here the read timeout, 10 s."""
+    files = fake_model(31)
+    # the client writes what arrived in 10 MiB pieces: 10.5 MiB arrive, then the link stalls
+    files[WEIGHTS] = random.Random(31).randbytes(12 << 20)
+    stand_in.publish("model", MODEL, files)
+    stand_in.stalls[WEIGHTS] = 21 << 19
+    out = tmp_path / "model"
+    env = os.environ | {"HF_ENDPOINT": stand_in.endpoint, "HF_HOME": str(tmp_path / "hf")}
+    command = [sys.executable, "-m", "verlbox.cli", "fetch", "model", "--out", str(out)]
+    fetching = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    partial = tmp_path / "model.partial"
+    deadline = time.monotonic() + 60
+    while sum(path.stat().st_size for path in partial.rglob("*.incomplete")) < 10 << 20:
+        assert fetching.poll() is None and time.monotonic() < deadline, fetching.communicate()
+        time.sleep(0.05)
+    fetching.send_signal(signal.SIGINT)
+    interrupted = time.monotonic()
+    _, stderr = fetching.communicate(timeout=30)
+    took = time.monotonic() - interrupted
+    assert fetching.returncode == 130 and took < 1.5, (took, stderr)
+    assert stderr.strip().splitlines()[-1] == (
+        f"verlbox: interrupted: what arrived is kept in {partial}; the same command resumes it from there"
+    )
+    kept = [path.stat().st_size for path in partial.rglob("*.incomplete")]
+    assert kept == [10 << 20] and not out.exists()
+    stand_in.release.set()
+    resumed = run_verlbox("fetch", "model", "--out", str(out), env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert stand_in.gets(WEIGHTS)[-1] == f"bytes={10 << 20}-"
+    assert (out / WEIGHTS).read_bytes() == files[WEIGHTS]
+
+
+def test_progress_on_a_terminal_names_each_file(stand_in: StandInHub, tmp_path: Path) -> None:
+    """The hub client's own bars showed a URL's last 40 characters: `(…)` and a cut commit hash."""
+    files = fake_model(32)
+    commit = stand_in.publish("model", MODEL, files)
+    env = os.environ | {"HF_ENDPOINT": stand_in.endpoint, "HF_HOME": str(tmp_path / "hf"), "COLUMNS": "200"}
+    terminal, attached = pty.openpty()
+    command = [sys.executable, "-m", "verlbox.cli", "fetch", "model", "--out", str(tmp_path / "model")]
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=attached) as fetching:
+        os.close(attached)
+        shown = b""
+        with contextlib.suppress(OSError):  # EIO: the fetch has ended and closed its side
+            while chunk := os.read(terminal, 4096):
+                shown += chunk
+    os.close(terminal)
+    assert fetching.returncode == 0, shown
+    text = shown.decode()
+    assert WEIGHTS in text and "config.json" in text
+    assert "(…)" not in text and commit[-12:] not in text
 
 
 def test_a_file_other_than_the_hub_lists_is_refused(stand_in: StandInHub, tmp_path: Path) -> None:

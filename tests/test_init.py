@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from docker import errors as docker_errors
 
 from conftest import REPO, docker, run_verlbox
 from verlbox import paths
@@ -19,7 +20,7 @@ from verlbox.host.building.build import default_tag
 from verlbox.host.building.plan import RECIPE_ORIGIN_LABEL, BuildPlan
 from verlbox.host.commands import _lock_check
 from verlbox.host.recipes.recipe import load_recipe
-from verlbox.host.runs import runfolder
+from verlbox.host.runs import remembered, runfolder
 from verlbox.host.runs.runfolder import ENV_HEADER, FOLDERS, FoundImage, newest_current, newest_first
 from verlbox.host.trust.verify import HASH_LABELS
 
@@ -226,6 +227,36 @@ def test_without_an_engine_a_rerun_keeps_the_image_init_found_before(tmp_path: P
     assert result.returncode == 0, result.stderr
     assert env_values(tmp_path / "run" / ".env")["VERLBOX_IMAGE"] == IMAGE
     assert f"VERLBOX_IMAGE={IMAGE}" in result.stderr
+
+
+class StandInImages:
+    """The engine's image store as init reads it: tag -> image ID."""
+
+    def __init__(self, tags: dict[str, str]) -> None:
+        self.tags = tags
+
+    def get(self, tag: str) -> argparse.Namespace:
+        if tag not in self.tags:
+            raise docker_errors.ImageNotFound(tag)
+        return argparse.Namespace(id=self.tags[tag], labels={})
+
+
+def test_init_takes_the_image_the_last_build_made_while_the_engine_holds_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not the newest verlbox image on the engine, which may be anyone's (a test's, a tampered one)."""
+    store = StandInImages({"verlbox/p40-cu124:0.1.0": "sha256:built", "verlbox-test/newer:1": "sha256:other"})
+    monkeypatch.setattr(runfolder, "client", lambda: argparse.Namespace(images=store))
+    monkeypatch.setattr(runfolder, "verlbox_images", lambda: [found("verlbox-test/newer:1", {})])
+    assert remembered.remember_build("verlbox/p40-cu124:0.1.0", "sha256:built") is None
+    notes: list[str] = []
+    assert runfolder._image(None, {}, notes) == "verlbox/p40-cu124:0.1.0"
+    assert notes == [
+        "VERLBOX_IMAGE=verlbox/p40-cu124:0.1.0, the image the last `verlbox build` made; --image REF takes another"
+    ]
+    # the tag moved to another image since (a build elsewhere, a `docker tag`): the newest one, as before
+    store.tags["verlbox/p40-cu124:0.1.0"] = "sha256:retagged"
+    assert runfolder._image(None, {}, []) == "verlbox-test/newer:1"
 
 
 def fake_nvidia_smi(folder: Path, script: str) -> dict[str, str]:

@@ -4,14 +4,17 @@ variables over the .env's, and the folder named as given (a link is not followed
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import run_verlbox
+from conftest import REPO, run_verlbox
 from verlbox.dotenv import dotenv_values_of
 from verlbox.errors import UsageError
 from verlbox.run_folder import find_run_folder, is_run_folder
+
+NO_ENGINE = "unix:///nonexistent/docker.sock"
 
 
 def test_a_run_folder_is_marked_by_compose_init_or_verlbox_s_keys_not_any_env(tmp_path: Path) -> None:
@@ -69,3 +72,38 @@ def test_fetch_and_runs_say_what_they_need_where_the_rule_finds_nothing(tmp_path
         f"verlbox: error: no run folder here ({empty} has no .env or compose.yaml) and no ./checkpoints: give a "
         "checkpoints FOLDER, or --run DIR"
     )
+
+
+def test_the_checkout_is_no_run_folder_and_run_names_the_command_that_makes_one() -> None:
+    assert not is_run_folder(REPO) and find_run_folder(None, REPO) is None
+    with pytest.raises(UsageError) as caught:
+        find_run_folder(str(REPO))
+    assert str(caught.value) == (
+        f"--run {REPO}: verlbox's source tree, not a run folder (its compose.yaml is init's template): "
+        "`verlbox init ~/run` makes one"
+    )
+
+
+def test_init_refuses_the_checkout_and_a_folder_inside_a_run_folder_s_folders(tmp_path: Path) -> None:
+    checkout = tmp_path / "verlbox"  # a checkout as init tells one: its own compose.yaml and source
+    (checkout / "builder" / "verlbox").mkdir(parents=True)
+    for name in ("compose.yaml", "builder/verlbox/cli.py"):
+        shutil.copy(REPO / name, checkout / name)
+    for where in (checkout, checkout / "builder"):
+        refused = run_verlbox("init", "--image", "mine/p40:1", cwd=where, env={"DOCKER_HOST": NO_ENGINE})
+        tree = "verlbox's source tree" if where == checkout else f"inside verlbox's source tree {checkout}"
+        assert refused.returncode == 2 and refused.stderr.strip() == (
+            f"verlbox: error: . is {tree}: make the run folder outside it, e.g. `verlbox init ~/run`"
+        )
+    assert sorted(path.name for path in checkout.rglob("*")) == ["builder", "cli.py", "compose.yaml", "verlbox"]
+    made = run_verlbox("init", "run", "--image", "mine/p40:1", cwd=tmp_path, env={"DOCKER_HOST": NO_ENGINE})
+    assert made.returncode == 0, made.stderr
+    nested = run_verlbox("init", "inner", "--image", "mine/p40:1", cwd=tmp_path / "run" / "models")
+    assert nested.returncode == 2 and nested.stderr.strip() == (
+        f"verlbox: error: inner is inside the run folder {tmp_path / 'run'} (its VERLBOX_MODELS, "
+        f"{tmp_path / 'run' / 'models'}): a run folder there would be mounted into that run; "
+        f"`verlbox init {tmp_path / 'inner'}` makes one beside it"
+    )
+    assert not (tmp_path / "run" / "models" / "inner").exists()
+    beside = run_verlbox("init", "other", "--image", "mine/p40:1", cwd=tmp_path / "run", env={"DOCKER_HOST": NO_ENGINE})
+    assert beside.returncode == 0, beside.stderr  # in a run folder, outside its bound folders: allowed

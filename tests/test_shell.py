@@ -300,8 +300,18 @@ def test_outside_a_run_folder_it_says_so_instead_of_naming_a_recipe_to_build(run
     user may not want), but where to go."""
     result = run_verlbox("shell", "--no-gpu", "--", "true", cwd=run_folder)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        f"verlbox: error: {run_folder} is not a run folder (no .env or compose.yaml): cd into yours or give --run "
-        "DIR (`verlbox init DIR` makes one), or name the image: verlbox shell RECIPE, or --image REF"
+        f"verlbox: error: {run_folder} is not a run folder (no .env or compose.yaml): `verlbox init DIR` makes one; "
+        "cd into yours or give --run DIR, or name the image: verlbox shell RECIPE, or --image REF"
+    ]
+
+
+def test_the_checkout_is_not_taken_for_a_run_folder() -> None:
+    """Its compose.yaml is init's template: it once asked to build p40, a recipe nobody built here."""
+    result = run_verlbox("shell", "--no-gpu", "--", "true", cwd=REPO)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f"verlbox: error: {REPO} is verlbox's source tree, not a run folder (its compose.yaml is init's template): "
+        "`verlbox init ~/run` makes one; cd into yours or give --run DIR, or name the image: verlbox shell RECIPE, "
+        "or --image REF"
     ]
 
 

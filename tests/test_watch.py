@@ -105,7 +105,14 @@ def test_report_finds_a_run_through_the_run_folder(run_folder: Path, tmp_path: P
         f"verlbox: error: {tmp_path / 'checkpoints' / 'olde'}: not a folder; `verlbox runs` lists the run folder's "
         "experiments"
     ]
-    nowhere = run_verlbox("report", cwd=run_folder)
+    (run_folder / "report.png").unlink()
+    here = run_verlbox("report", cwd=run_folder)  # in checkpoints/EXPERIMENT, no run folder: this one
+    assert here.returncode == 0 and (run_folder / "report.png").is_file(), here.stderr
+    listed = run_verlbox("runs", cwd=tmp_path / "checkpoints")  # in checkpoints/: its experiments
+    assert listed.returncode == 0 and "qwen-ppo" in listed.stdout and "older" in listed.stdout, listed.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    nowhere = run_verlbox("report", cwd=empty)
     assert nowhere.returncode == 2 and "no run folder here" in nowhere.stderr
 
 

@@ -11,18 +11,24 @@ exit code (errors.py); VERLBOX_DEBUG=1 adds the traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 
 from verlbox import __version__
-from verlbox.errors import BAD_INPUT, FAILED, INTERRUPTED, VerlboxError
+from verlbox.errors import BAD_INPUT, FAILED, INTERRUPTED, UsageError, VerlboxError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+RUNTIME = "verlbox.runtime.commands"
+# the image side's commands that a user also runs on the host
+HOST_TOO = {"fetch"}
 
 # command -> (module, function, help)
 HANDLERS = {
@@ -172,6 +178,11 @@ def _examples(command: str) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # `--imag foo` taken for `--image foo` reached compose as an image nobody asked for: whole names only
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(BAD_INPUT, f"verlbox: error: {message} (see `{self.prog} --help`)\n")
 
@@ -406,7 +417,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     init = sub["init"]
     init.add_argument("directory", nargs="?", default=".", help="the run folder (default: the current one)")
-    init.add_argument("--image", help="the image to train with (default: the newest verlbox image on this engine)")
+    init.add_argument(
+        "--image",
+        help="the image to train with (default: the one the last `verlbox build` made, else the newest verlbox "
+        "image on this engine)",
+    )
     init.add_argument("--force", action="store_true", help="overwrite files you changed (compose.yaml, .env)")
 
     fetch = sub["fetch"]
@@ -430,6 +445,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unknown_command(word: str) -> UsageError:
+    """A mistyped command: the nearest names, then the commands a user runs on the host (the image's own
+    ones, such as train, are listed by `verlbox --help`)."""
+    near = difflib.get_close_matches(word, HANDLERS, n=2, cutoff=0.6)
+    guess = f" (did you mean {' or '.join(f'`verlbox {name}`' for name in near)}?)" if near else ""
+    host = [name for name, (module, _, _) in HANDLERS.items() if module != RUNTIME or name in HOST_TOO]
+    return UsageError(f"no command {word!r}{guess}; the commands: {', '.join(host)} (see `verlbox --help`)")
+
+
 def _split_one_command(words: list[str]) -> tuple[list[str], list[str]]:
     # argparse would take the command's first word for shell's optional RECIPE: split at `--` first
     if words[:1] == ["shell"] and "--" in words:
@@ -441,11 +465,17 @@ def _split_one_command(words: list[str]) -> tuple[list[str], list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         words, one_command = _split_one_command(list(sys.argv[1:] if argv is None else argv))
-        args = build_parser().parse_args(words)
+        parser = build_parser()
+        if not words:  # what to do first, as `git` alone says, not a usage error
+            parser.print_help()
+            return 0
+        if not words[0].startswith("-") and words[0] not in HANDLERS:
+            raise _unknown_command(words[0])
+        args = parser.parse_args(words)
         if one_command:
             args.one_command = one_command
         module, function, _ = HANDLERS[args.command]
-        if module == "verlbox.runtime.commands" and getattr(args, "recipe", None):
+        if module == RUNTIME and getattr(args, "recipe", None):
             # the image side reads specs, never recipe files: the host side turns a named recipe into one
             from verlbox.host.recipes.recipe import load_recipe
 
@@ -456,8 +486,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         err.print(f"verlbox: error: {exc}", markup=False)
         return exc.exit_code
-    except KeyboardInterrupt:
-        err.print("verlbox: interrupted")
+    except KeyboardInterrupt as exc:
+        # a command that kept something for the next attempt says where, on the same line
+        err.print(f"verlbox: interrupted{f': {exc}' if str(exc) else ''}", markup=False)
         return INTERRUPTED
     except Exception as exc:  # a bug, not bad input: still one line unless asked for more
         if os.environ.get("VERLBOX_DEBUG") == "1":

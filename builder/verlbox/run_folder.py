@@ -9,6 +9,7 @@ host's commands and `fetch`, which also runs in the image.
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,8 @@ FOLDER_DEFAULTS = {
     "VERLBOX_DATA": "./data",
     "VERLBOX_CHECKPOINTS": "./checkpoints",
 }
+# the folders a run folder binds, where no run folder goes: a .env key -> compose.yaml's default
+BOUND_FOLDERS = FOLDER_DEFAULTS | {"VERLBOX_HF_CACHE": "./hf-cache"}
 MODEL_NAME_DEFAULT = "Qwen2.5-0.5B-Instruct"
 RAW_GSM8K = "gsm8k-raw"
 
@@ -55,8 +58,16 @@ class RunFolder:
         return f"run folder {self.path}{' (its .env)' if self.settings else ''}"
 
 
+def source_tree(path: Path) -> bool:
+    """verlbox's own source tree (a checkout): its compose.yaml is the template `init` copies, not a run's."""
+    return (path / "builder" / "verlbox" / "cli.py").is_file()
+
+
 def is_run_folder(path: Path) -> bool:
-    """compose.yaml or init's record there, or a .env that sets verlbox's keys (a .env alone is any project's)."""
+    """compose.yaml or init's record there, or a .env that sets verlbox's keys (a .env alone is any project's);
+    never verlbox's source tree."""
+    if source_tree(path):
+        return False
     if (path / "compose.yaml").is_file() or (path / INIT_RECORD).is_file():
         return True
     return any(key.startswith("VERLBOX_") for key in dotenv_values(path / ".env"))
@@ -68,6 +79,8 @@ def find_run_folder(option: str | None, current: Path | None = None, named_by: s
         path = Path(option)
         if not path.is_dir():
             raise UsageError(f"{named_by}{option}: no such folder (`verlbox init {option}` makes a run folder)")
+        if source_tree(path):
+            raise UsageError(f"{named_by}{option}: {not_a_run_folder(path)}")
         if not is_run_folder(path):
             raise UsageError(
                 f"{named_by}{option}: not a run folder (no .env or compose.yaml; `verlbox init {option}` writes them)"
@@ -78,3 +91,37 @@ def find_run_folder(option: str | None, current: Path | None = None, named_by: s
             return None
     path = Path(os.path.abspath(path))  # not resolve(): compose names the project after the folder as given
     return RunFolder(path, dotenv_values(path / ".env"))
+
+
+def not_a_run_folder(path: Path) -> str:
+    """Why PATH, which is_run_folder refused, is not one, and the command that makes one."""
+    if source_tree(path):
+        return (
+            "verlbox's source tree, not a run folder (its compose.yaml is init's template): `verlbox init ~/run` "
+            "makes one"
+        )
+    return "not a run folder (no .env or compose.yaml): `verlbox init DIR` makes one"
+
+
+def unfit_for_run_folder(path: Path) -> str | None:
+    """Why `verlbox init` must not make a run folder at PATH: verlbox's source tree or a folder in it, or a
+    folder inside a run folder's bound folders (models/, data/, ...), where compose would mount it into
+    another run. None when it may."""
+    absolute = Path(os.path.abspath(path))
+    for folder in (absolute, *absolute.parents):
+        if source_tree(folder):
+            where = "is verlbox's source tree" if folder == absolute else f"is inside verlbox's source tree {folder}"
+            return f"{path} {where}: make the run folder outside it, e.g. `verlbox init ~/run`"
+    for folder in absolute.parents:
+        if not is_run_folder(folder):
+            continue
+        run = RunFolder(folder, dotenv_values(folder / ".env"))
+        for variable, default in BOUND_FOLDERS.items():
+            bound = Path(os.path.abspath(folder / (run.setting(variable) or default)))
+            if absolute == bound or bound in absolute.parents:
+                beside = shlex.quote(str(folder.parent / absolute.name))
+                return (
+                    f"{path} is inside the run folder {folder} (its {variable}, {bound}): a run folder there would "
+                    f"be mounted into that run; `verlbox init {beside}` makes one beside it"
+                )
+    return None

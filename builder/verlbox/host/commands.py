@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from dataclasses import asdict
@@ -55,8 +56,11 @@ def recipes(args: argparse.Namespace) -> int:
             name,
             ", ".join(recipe.target_gpus),
             f"{recipe.cuda.version} ({recipe.cuda.provided_by})",
-            # doctor's and preflight's rule: the compatibility floor runs, the full-support floor is advised
-            f">= {floors[1]} (full support from {floors[0]})" if floors else "unknown to verlbox",
+            # doctor's and preflight's rule: the compatibility floor runs, the full-support floor is advised;
+            # each named for what it is, beside a description that may name either
+            f">= {floors[0]} (full support); >= {floors[1]} through CUDA's minor-version compatibility"
+            if floors
+            else "unknown to verlbox",
             recipe.torch.version,
             recipe.verl.version,
             recipe.description,
@@ -124,6 +128,7 @@ def _sources(args: argparse.Namespace) -> BuildSources:
 
 def build(args: argparse.Namespace) -> int:
     from verlbox.host.building.build import build_image, check_tags, default_tag
+    from verlbox.host.runs.remembered import remember_build
     from verlbox.host.trust.bundle import bundle_folder
 
     recipe = load_recipe(args.recipe)
@@ -151,6 +156,8 @@ def build(args: argparse.Namespace) -> int:
         console=err,
     )
     err.print(f"built {', '.join(result.tags)} ({result.image_id[:19]}) in {result.seconds:.0f} s")
+    if problem := remember_build(result.tags[0], result.image_id):
+        err.print(f"note: {problem}", markup=False)
     return 0
 
 
@@ -288,12 +295,24 @@ def verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cpu_tier_advice(args: argparse.Namespace) -> str:
+    """Where no GPU can be had: the command for the CPU tier alone, naming what the user gave that needs the
+    GPU tier (--model and --learn imply it: "without --gpu" told one who never gave it)."""
+    needing = [flag for flag, given in (("--gpu", args.gpu), ("--learn", args.learn), ("--model", args.model)) if given]
+    command = " ".join(
+        ["verlbox smoke", shlex.quote(args.recipe), *(["--image", shlex.quote(args.image)] if args.image else [])]
+    )
+    verb = "needs" if len(needing) == 1 else "need"
+    return f"; or run the CPU tier alone: `{command}` ({' and '.join(needing)} {verb} the GPU tier)"
+
+
 def smoke(args: argparse.Namespace) -> int:
     from verlbox.host.clients.engine import require_cli, require_image
     from verlbox.runtime.checks.smoke import CheckResult
     from verlbox.runtime.commands import print_results
 
     mounts = _real_model_mounts(args.model, args.data)
+    cpu_tier = cpu_tier_advice(args)  # before --model and --learn imply the GPU tier
     args.learn = args.learn or bool(args.model)
     args.gpu = args.gpu or args.learn
     image = image_for(args)
@@ -301,7 +320,7 @@ def smoke(args: argparse.Namespace) -> int:
     if args.gpu:
         from verlbox.host.runs.doctor import require_nvidia_runtime
 
-        require_nvidia_runtime("; or run the CPU tier alone: verlbox smoke without --gpu")
+        require_nvidia_runtime(cpu_tier)
     command = [require_cli(), "run", "--rm", "--shm-size", "2g"]
     command += ["--gpus", "all"] if args.gpu else []
     command += [*mounts, image, "smoke-checks", "--json", "-"]
@@ -486,6 +505,8 @@ def _checkpoints_folder(args: argparse.Namespace) -> Path:
     else:
         run = find_run_folder(args.folder or args.run, named_by="" if args.folder else "--run ")
         folder = run.checkpoints if run else Path("checkpoints")
+        if run is None and not folder.is_dir() and _records_runs(Path.cwd()):  # in checkpoints/ or one run's
+            folder = Path.cwd()
         if run is None and not folder.is_dir():
             raise UsageError(
                 f"no run folder here ({Path.cwd()} has no .env or compose.yaml) and no ./checkpoints: give a "
@@ -498,6 +519,13 @@ def _checkpoints_folder(args: argparse.Namespace) -> Path:
     return folder
 
 
+def _records_runs(folder: Path) -> bool:
+    """FOLDER is a checkpoints folder, or one run's in it: a start of `train` recorded there."""
+    from verlbox.runtime.training.run_record import RUN_FILE
+
+    return (folder / RUN_FILE).is_file() or any(folder.glob(f"*/{RUN_FILE}"))
+
+
 def _report_folder(args: argparse.Namespace) -> Path:
     """One run's folder: FOLDER as a path, else an EXPERIMENT of the run folder, else the run that logged last."""
     from verlbox.run_folder import find_run_folder
@@ -507,6 +535,8 @@ def _report_folder(args: argparse.Namespace) -> Path:
     if args.folder and not (args.run and named) and Path(args.folder).is_dir():
         return Path(args.folder)
     run = find_run_folder(args.run) if named or args.folder is None else None
+    if run is None and args.folder is None and (Path.cwd() / METRICS_FILE).is_file():  # in checkpoints/EXPERIMENT
+        return Path.cwd()
     if run is None:
         what = f"{args.folder}: not a folder" if args.folder else "no run folder here (no .env or compose.yaml)"
         raise UsageError(f"{what}; give one run's folder (checkpoints/EXPERIMENT), or --run DIR and an EXPERIMENT")

@@ -342,6 +342,11 @@ def tensorboard(args: argparse.Namespace) -> int:
     import threading
     import warnings
 
+    if _missing("tensorboard"):
+        raise UsageError(
+            "tensorboard runs in the image, where TensorBoard is installed: `docker compose up -d tensorboard` in "
+            "the run folder serves every run's curves (README: Watching a run)"
+        )
     warnings.simplefilter("ignore")  # tensorboard's own import warns about pkg_resources, its business
     from tensorboard import program
 

@@ -11,8 +11,9 @@ What counts as verlbox's, and nothing else:
   templates' `verlbox-locked-files`), or pip's and uv's caches first made by a command of verlbox's build
   steps. Their layer records are kept (a rebuild reuses them); --all-build-cache prunes every record not in
   use, other projects' too, as `docker buildx prune --all` does;
-- with --images, the tagged verlbox images too, but never one a run folder's .env names (this folder's, or
-  --run DIR's, or that of any compose project with a container on the engine) or a container uses.
+- with --images, the tagged verlbox images too, but never one a run folder's .env names (this folder's,
+  --run DIR's, any `verlbox init` made, or that of any compose project with a container on the engine) or
+  a container uses.
 
 A file some process holds open (a running build's log, a fetch's partial archive) is kept. The default is a
 dry run that lists each thing and its size; --yes removes them.
@@ -42,6 +43,7 @@ from verlbox.host.building.staging import REPOSITORY as STAGING_REPOSITORY
 # the tag grammar and the judgement of a build's process are staging's own
 from verlbox.host.building.staging import build_process, build_running
 from verlbox.host.clients.engine import EngineError, client, untag
+from verlbox.host.runs.remembered import RUN_FOLDERS, run_folders, state_dir
 from verlbox.host.runs.runfolder import RECIPE_LABEL, newest_first
 
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 400)
@@ -149,8 +151,9 @@ def tag_leftovers(listed: list[dict[str, Any]], used: Mapping[str, str]) -> list
 
 
 def run_folder_images(engine: Any, run: str | None, environ: Mapping[str, str]) -> dict[str, str]:
-    """Image -> which run folder's .env names it: the one here (or --run DIR), and those of the compose projects
-    with a container on the engine. A run folder that never started elsewhere cannot be seen from here."""
+    """Image -> which run folder's .env names it: the one here (or --run DIR), those `verlbox init` made (its
+    list in the state folder), and those of the compose projects with a container on the engine. A run folder
+    made otherwise that never started and is not this one cannot be seen from here."""
     from verlbox.run_folder import find_run_folder
 
     named: dict[str, str] = {}
@@ -158,8 +161,9 @@ def run_folder_images(engine: Any, run: str | None, environ: Mapping[str, str]) 
         named[image] = f"{IMAGE_VARIABLE} in this shell names it"
     if (here := find_run_folder(run)) and (image := here.setting(IMAGE_VARIABLE)):
         named.setdefault(image, f"run folder {here.path}'s .env names it")
-    for container in engine.api.containers(all=True, filters={"label": COMPOSE_FOLDER_LABEL}):
-        folder = Path(container["Labels"][COMPOSE_FOLDER_LABEL])
+    containers = engine.api.containers(all=True, filters={"label": COMPOSE_FOLDER_LABEL})
+    compose_folders = [Path(container["Labels"][COMPOSE_FOLDER_LABEL]) for container in containers]
+    for folder in [*run_folders(environ), *compose_folders]:
         try:
             image = dotenv_values(folder / ".env").get(IMAGE_VARIABLE)
         except VerlboxError:  # a .env compose would refuse too: it names nothing
@@ -328,7 +332,12 @@ def clean(args: argparse.Namespace) -> int:
             markup=False,
         )
     if args.images:
-        err.print("a run folder that never started and is not this one cannot be seen: check its .env", markup=False)
+        err.print(
+            f"kept: the images the .env of this run folder, of those `verlbox init` made (listed in "
+            f"{state_dir() / RUN_FOLDERS}) and of those with a container name; a run folder made otherwise that "
+            "never started cannot be seen: check its .env before --yes",
+            markup=False,
+        )
     if not going:
         err.print("nothing of verlbox's to remove", markup=False)
         return 1 if engine_problem else 0

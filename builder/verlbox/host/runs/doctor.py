@@ -365,6 +365,27 @@ def recommend(gpus: list[Gpu], recipes: list[RecipeHead]) -> Recommendation | No
     return Recommendation(chosen.name, "; ".join(reasons))
 
 
+def recommend_elsewhere(recipes: list[RecipeHead], why: str) -> Recommendation:
+    """Where no GPU here can judge (WHY: none answers, or none runs a recipe): the recipe to build for a GPU
+    host elsewhere, by the same rule's first and last steps (a locked one, then the newer CUDA), and the
+    driver that host needs, each floor named for what it is."""
+    chosen = max(recipes, key=lambda recipe: (_is_locked(recipe), _cuda(recipe)))
+    cuda = chosen.cuda.version
+    locked = "it is locked (built, and every package pinned from that build)" if _is_locked(chosen) else "no lock"
+    floors = CUDA_MIN_DRIVER.get(cuda)
+    driver = (
+        f"from {floors[1]} through CUDA's minor-version compatibility, fully from {floors[0]}"
+        if floors
+        else "a driver verlbox has no floor for"
+    )
+    gpus = ", ".join(chosen.target_gpus)
+    return Recommendation(
+        chosen.name,
+        f"{why}, so this host builds for another: {locked}; that host's GPU of compute capability {gpus} needs "
+        f"a driver that runs CUDA {cuda} ({driver}; `verlbox doctor` there says)",
+    )
+
+
 # --- Docker engine, plugins, disk ---
 
 
@@ -448,7 +469,7 @@ def disk_finding(engine: Any) -> Finding:
     return Finding("disk", PASSED, detail)
 
 
-def host_findings() -> tuple[list[Finding], Recommendation | None]:
+def host_findings() -> tuple[list[Finding], Recommendation]:
     engine_row, engine = engine_finding()
     findings = [engine_row, buildx_finding(), compose_finding()]
     if engine is None:
@@ -459,8 +480,9 @@ def host_findings() -> tuple[list[Finding], Recommendation | None]:
     try:
         gpus = query_gpus()
     except GpuQueryError as exc:
-        return [*findings, gpu_query_finding(exc)], None
-    return findings + gpu_findings(recipes, gpus), recommend(gpus, recipes)
+        return [*findings, gpu_query_finding(exc)], recommend_elsewhere(recipes, "no GPU answers here")
+    chosen = recommend(gpus, recipes) or recommend_elsewhere(recipes, "no recipe runs on this host's GPUs")
+    return findings + gpu_findings(recipes, gpus), chosen
 
 
 def print_findings(findings: list[Finding], console: Console) -> None:
@@ -478,6 +500,5 @@ def doctor(args: argparse.Namespace) -> int:
     console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 400)
     findings, recommendation = host_findings()
     print_findings(findings, console)
-    if recommendation:  # last: the line a user acts on
-        console.print(recommendation.line, markup=False)
+    console.print(recommendation.line, markup=False)  # last, on every host: the line a user acts on
     return 1 if any(finding.status == FAILED for finding in findings) else 0

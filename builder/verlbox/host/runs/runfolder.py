@@ -1,7 +1,8 @@
 """`verlbox init [DIR]`: a run folder for `docker compose up train`, for a user who `pip install`ed verlbox.
 
 It holds the shipped compose.yaml, a .env rendered from the shipped .env.example (the caller's uid/gid,
-the newest verlbox image on this engine that this verlbox's recipes made, the GPU count nvidia-smi lists)
+the image the last `verlbox build` made, else the newest verlbox image on this engine that this verlbox's
+recipes made, the GPU count nvidia-smi lists)
 and the folders compose binds, made by the caller so that they are the caller's (compose binds them with
 create_host_path: false).
 
@@ -39,8 +40,9 @@ from verlbox.host.clients.engine import EngineError, client
 from verlbox.host.clients.reference import parse_reference
 from verlbox.host.recipes.lock import Lock, read_lock
 from verlbox.host.recipes.recipe import RecipeHead, load_recipe, recipe_names
+from verlbox.host.runs.remembered import last_build, remember_run_folder
 from verlbox.host.trust.verify import HASH_LABELS, label_differences
-from verlbox.run_folder import INIT_RECORD
+from verlbox.run_folder import INIT_RECORD, unfit_for_run_folder
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -70,6 +72,8 @@ class Planned:
 
 def init(args: argparse.Namespace) -> int:
     directory = Path(args.directory)
+    if problem := unfit_for_run_folder(directory):
+        raise UsageError(problem)
     template = paths.env_example_file().read_text()
     previous = dotenv_values(directory / ".env")
     notes: list[str] = []
@@ -85,6 +89,8 @@ def init(args: argparse.Namespace) -> int:
     plan = plan_files(directory, texts, force=args.force)
     new_folder = not directory.exists()
     backups, made = write_run_folder(directory, plan)
+    if problem := remember_run_folder(directory):
+        notes.append(problem)
     if (uid, gid) != (os.getuid(), os.getgid()):
         written = [planned.name for planned in plan if planned.action != "keep"]
         kept = [backup.name for backup in backups]
@@ -114,7 +120,8 @@ def give_to(directory: Path, names: list[str], uid: int, gid: int) -> None:
 
 def _image(requested: str | None, previous: dict[str, str], notes: list[str]) -> str:
     """--image, else the image the folder's .env already names (a rerun never switches a run's image behind
-    its back), else the newest verlbox image here (of this verlbox's recipes when there is one). compose.yaml
+    its back), else the one the last `verlbox build` made, while the engine still holds it under its tag,
+    else the newest verlbox image here (of this verlbox's recipes when there is one). compose.yaml
     never pulls (pull_policy: never): an image the engine lacks is named only on purpose (--image, or a kept
     .env), with a note; a new folder with no image found is refused, so that no default name is ever run."""
     if requested is not None:
@@ -133,6 +140,9 @@ def _image(requested: str | None, previous: dict[str, str], notes: list[str]) ->
         said = "" if engine_has(kept) else ", though it is not on this Docker engine (build it or `docker pull` it)"
         notes.append(f"VERLBOX_IMAGE={kept} kept from .env{said}; --image REF takes another")
         return kept
+    if built := last_build_here():
+        notes.append(f"VERLBOX_IMAGE={built}, the image the last `verlbox build` made; --image REF takes another")
+        return built
     try:
         found = verlbox_images()
     except VerlboxError as exc:
@@ -143,6 +153,17 @@ def _image(requested: str | None, previous: dict[str, str], notes: list[str]) ->
         problem = "no verlbox image on this Docker engine"
         advice = "build one first (`verlbox doctor` says which recipe fits), or name one with --image"
     raise UsageError(f"{problem}: {advice}")
+
+
+def last_build_here() -> str | None:
+    """The tag the last `verlbox build` gave, while the engine holds the image that build made under it."""
+    if (built := last_build()) is None:
+        return None
+    tag, image_id = built
+    try:
+        return tag if client().images.get(tag).id == image_id else None
+    except (docker.errors.DockerException, EngineError):  # gone, retagged by another build, or no engine
+        return None
 
 
 def newest_current(found: list[FoundImage], notes: list[str]) -> str:

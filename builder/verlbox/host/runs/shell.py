@@ -275,14 +275,14 @@ def run_checked(args: argparse.Namespace, run: ComposeRun, where: str | None = N
 
 
 def shell(args: argparse.Namespace) -> int:
-    from verlbox.run_folder import find_run_folder
+    from verlbox.run_folder import find_run_folder, not_a_run_folder
 
     run = find_run_folder(args.run)
     if run is None and not (args.recipe or args.image):
         # compose's default image would be named otherwise: advice to build a recipe this user may not want
         raise UsageError(
-            f"{Path.cwd()} is not a run folder (no .env or compose.yaml): cd into yours or give --run DIR "
-            "(`verlbox init DIR` makes one), or name the image: verlbox shell RECIPE, or --image REF"
+            f"{Path.cwd()} is {not_a_run_folder(Path.cwd())}; cd into yours or give --run DIR, or name the image: "
+            "verlbox shell RECIPE, or --image REF"
         )
     workdir = run.path if run else Path.cwd()
     check_gpu_count(workdir, os.environ)

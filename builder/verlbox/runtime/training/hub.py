@@ -10,13 +10,13 @@ checks the folder against that record, so a copy carried to an offline host is c
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,6 +42,8 @@ TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
 ATTEMPTS = 3
 RETRY_DELAY_S = 2.0
 _CHUNK = 1 << 20
+# how often the waiting thread looks at the download: also how soon it answers a Ctrl-C
+POLL_S = 0.1
 _ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")]+")
 # the hub client's resume state inside FOLDER.partial, removed before the folder is promoted
 CLIENT_STATE = ".cache"
@@ -49,6 +51,11 @@ CLIENT_STATE = ".cache"
 
 class FetchError(VerlboxError):
     """The hub could not fill a folder, or a filled folder no longer matches its record."""
+
+
+class FetchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a download: its message says where what arrived is kept (the CLI prints it after
+    "interrupted")."""
 
 
 @dataclass(frozen=True)
@@ -292,7 +299,7 @@ def fetch(source: Source, folder: Path, hub: Hub, say: Callable[[str], None], sh
     _check_listing(source, info.sha, siblings, staging, hub)
     say(f"fetching {source.repo} ({source.revision}: {info.sha[:12]}) from {hub.shown} into {folder}")
     with _hub_errors(source, folder, hub, shown_as, kept=staging):
-        _download(source, info.sha, [sibling.rfilename for sibling in siblings], staging, hub, say)
+        _download(source, info.sha, siblings, staging, hub, say)
         files = _verified(staging, siblings)
     record = Record(source.repo, source.repo_type, source.revision, info.sha, hub.shown, files)
     _promote(staging, folder, record)
@@ -324,35 +331,124 @@ def _check_listing(source: Source, commit: str, siblings: list[Any], staging: Pa
 
 
 def _download(
-    source: Source, commit: str, names: list[str], staging: Path, hub: Hub, say: Callable[[str], None]
+    source: Source, commit: str, siblings: list[Any], staging: Path, hub: Hub, say: Callable[[str], None]
 ) -> None:
-    """The files NAMES of COMMIT (not of the branch, which may move meanwhile) into STAGING, with progress bars."""
+    """The listed files of COMMIT (not of the branch, which may move meanwhile) into STAGING, one after another.
+
+    The hub client works in a daemon thread while this one only waits and draws the progress: a Ctrl-C here
+    ends the command at once. (snapshot_download's own pool of threads is joined as Python exits, so a Ctrl-C
+    waited silently for the file under way to end.) What arrived stays in STAGING for the next attempt."""
+    failures: list[BaseException] = []
+    progress = _DownloadProgress(staging, siblings)
+
+    def work() -> None:
+        try:
+            _download_each(source, commit, siblings, staging, hub, say, progress)
+        except BaseException as exc:  # handed to the waiting thread, which raises it there
+            failures.append(exc)
+
+    thread = threading.Thread(target=work, name="verlbox-fetch", daemon=True)
+    thread.start()
+    try:
+        with progress.shown():
+            while thread.is_alive():
+                thread.join(POLL_S)
+                progress.refresh()
+    except KeyboardInterrupt:
+        raise FetchInterrupted(f"what arrived is kept in {staging}; the same command resumes it from there") from None
+    if failures:
+        raise failures[0]
+
+
+def _download_each(
+    source: Source,
+    commit: str,
+    siblings: list[Any],
+    staging: Path,
+    hub: Hub,
+    say: Callable[[str], None],
+    progress: _DownloadProgress,
+) -> None:
     import requests
-    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub import constants, hf_hub_download
 
     # plain HTTP, not Xet: its partial files are the `.incomplete` ones in STAGING, which survive a
     # restart beside the folder (Xet resumes from a cache under HF_HOME, which may not be kept)
     constants.HF_HUB_DISABLE_XET = True
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            snapshot_download(
-                source.repo,
-                repo_type=source.repo_type,
-                revision=commit,
-                local_dir=staging,
-                # only the names checked above: the client lists the commit again, and may be told other names
-                allow_patterns=[glob.escape(name) for name in names],
-                endpoint=hub.endpoint,
-                token=hub.token,
-                library_name="verlbox",
-                library_version=__version__,
-            )
+            for sibling in siblings:
+                progress.current = sibling.rfilename
+                hf_hub_download(
+                    source.repo,
+                    sibling.rfilename,
+                    repo_type=source.repo_type,
+                    revision=commit,
+                    local_dir=staging,
+                    endpoint=hub.endpoint,
+                    token=hub.token,
+                    library_name="verlbox",
+                    library_version=__version__,
+                )
             return
         except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ConnectionError) as exc:
             if attempt == ATTEMPTS:
                 raise
             say(f"download interrupted ({_short(exc)}); resuming (attempt {attempt + 1} of {ATTEMPTS})")
             time.sleep(RETRY_DELAY_S)
+
+
+class _DownloadProgress:
+    """One bar a file on a terminal, labelled with the file's name: its bytes are those of the client's
+    `.incomplete` file being written (the newest one; the files go one after another)."""
+
+    def __init__(self, staging: Path, siblings: list[Any]) -> None:
+        self.partial_files = staging / CLIENT_STATE / "huggingface" / "download"
+        self.sizes = {sibling.rfilename: sibling.size for sibling in siblings}
+        self.staging = staging
+        self.current: str | None = None
+        self.tasks: dict[str, Any] = {}
+        self.bars: Any = None
+
+    @contextmanager
+    def shown(self) -> Iterator[None]:
+        from huggingface_hub.utils import disable_progress_bars
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+        disable_progress_bars()  # the client's bars name a URL's last 40 characters: a cut commit hash
+        console = Console(stderr=True)
+        if not console.is_terminal:  # a log gets the lines `say` writes, not redrawn bars
+            yield
+            return
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+        with Progress(*columns, console=console) as self.bars:
+            yield
+            self.refresh()
+
+    def refresh(self) -> None:
+        if self.bars is None:
+            return
+        for name in list(self.tasks)[:-1]:  # the ones before the current one are done
+            self.bars.update(self.tasks[name], completed=self.sizes[name])
+        name = self.current
+        if name is None:
+            return
+        if name not in self.tasks:
+            self.tasks[name] = self.bars.add_task(name, total=self.sizes[name])
+        done = (self.staging / name).is_file()
+        self.bars.update(self.tasks[name], completed=self.sizes[name] if done else self._arrived())
+
+    def _arrived(self) -> int:
+        partial = sorted(self.partial_files.glob("*.incomplete"), key=_mtime)
+        return partial[-1].stat().st_size if partial else 0
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # moved into place meanwhile
+        return 0.0
 
 
 def _verified(staging: Path, siblings: list[Any]) -> tuple[FileEntry, ...]:
