@@ -28,9 +28,9 @@ HF rollout calls):
   copy is avoidable exactly: a group's query heads become query rows of its KV head, so SDPA reads each KV
   head once, in place (the mask, one row per sequence, broadcasts over them). Longer queries (the prompt
   pass, training) keep transformers' own path: there the copy is the size of the query itself, and torch
-  2.6's SDPA avoids it (`enable_gqa`) only in its flash kernel, which needs sm80 and half precision; its
-  math kernel repeats the heads itself and its memory-efficient kernel takes no GQA, so on a P40 in fp32
-  it would gain nothing.
+  2.6's SDPA avoids it (`enable_gqa`) in its flash kernel, which needs sm80 and half precision; its math
+  kernel repeats the heads itself, and its memory-efficient kernel (a P40's in fp32) is not known to take
+  grouped heads (bench/decode_gpu.py asks the device), so on a P40 it would gain nothing known.
 - trim_padding: the prompts are decoded over the batch's own longest prompt: columns that are padding in
   every row are dropped before and put back after, so verl gets the same tensors, shaped as before.
 """
