@@ -1,4 +1,5 @@
-"""HF `generate` against verlbox's static-KV-cache decode (runtime/training/decode.py), in one process on a GPU.
+"""HF `generate` as verl 0.4.1 calls it against verlbox's decode parts (runtime/training/decode.py), each on and
+off, in one process on a GPU.
 
 The model is a random one of Qwen2.5-0.5B-Instruct's exact shape (checks/fixtures.py), fp32 with sdpa and
 no autocast, as verlbox's fp32 profiles run the rollout. The rollout batches are the profiles' per GPU: PPO's
@@ -7,20 +8,26 @@ for num_return_sequences=4). Each is decoded for 256 new tokens by sampling (tem
 verl's rollout settings) and greedily.
 
 Prompts are left-padded to the data's longest prompt, as verl pads every prompt to data.max_prompt_length
-and train lowers that to the data's longest (--width batch pads to the batch's longest instead). Their
+and train lowers that to the data's longest. Their
 lengths in tokens are GSM8K's: a prompt's words (question plus verl's 12-word instruction) times
 TOKENS_PER_WORD plus TEMPLATE_TOKENS, with question lengths drawn from the real distribution
 (fixtures.GSM8K_QUESTION_WORDS, --seed) or counted in --data DIR's train.parquet (a folder `verlbox
 prepare-data` made, e.g. from openai/grade-school-math's jsonl). Token ids are random: the model is too.
 
-Each configuration runs both decodes in turn, alternating which goes first (A B, B A, A B, ...), and reports
-the median of --repeats: seconds, generated tokens per second (up to each row's first EOS), peak memory
-reserved (torch.cuda.max_memory_reserved after emptying the cache and a reset: the 2 GB of weights
-included) and, for greedy, whether the two decodes gave the same tokens. The static decode's own account
-(graphed, or why it fell back to HF) is reported beside its figures.
+The decodes (DECODES; --decode picks some), each through the rollout's own entry (decode.rollout_generate)
+with its keys: `hf` is generate as stock verl 0.4.1 calls it; `fold` folds each KV group's query heads into
+the query axis for one-token steps (fold_attention: no copy of the cache per query head); `width` decodes
+over the batch's own longest prompt (trim_padding); `graph` is the static KV cache with the captured step
+(graph_decode). Each configuration runs every decode in turn, the order rotated each repeat (A B C, B C A,
+...), and reports the median of --repeats: seconds, generated tokens per second (up to each row's first
+EOS), peak memory reserved (torch.cuda.max_memory_reserved after emptying the cache and a reset: the 2 GB of
+weights included), the speed-up over `hf` and, for greedy, whether each gave `hf`'s tokens. The static
+decode's own account (graphed, or why it fell back to HF) is reported beside its figures. The header says
+which SDPA kernels of this device accept grouped KV heads (enable_gqa) with a mask, for the prompt pass
+and training, which keep transformers' copy.
 
   python bench/decode_gpu.py --json OUT/decode.json
-  python bench/decode_gpu.py --data DIR --gpu-memory-gib 24 --repeats 4 --json OUT/decode.json
+  python bench/decode_gpu.py --data DIR --gpu-memory-gib 24 --repeats 2 --json OUT/decode.json
 """
 
 from __future__ import annotations
@@ -58,7 +65,15 @@ NEW_TOKENS = 256
 FIRST_PLAIN_ID = 10
 # an untimed run of each decode per configuration, this long: CUDA's and cuBLAS's first-use costs
 WARMUP_TOKENS = 8
-DECODES = ("hf", "static")
+# name -> the rollout keys it sets (runtime/training/decode.py, ROLLOUT_KEYS); "hf" first: the baseline
+DECODES: dict[str, dict[str, bool]] = {
+    "hf": {},
+    "hf+fold": {"fold_attention": True},
+    "hf+fold+width": {"fold_attention": True, "trim_padding": True},
+    "graph": {"graph_decode": True},
+    "graph+fold": {"graph_decode": True, "fold_attention": True},
+    "graph+fold+width": {"graph_decode": True, "fold_attention": True, "trim_padding": True},
+}
 
 
 @dataclass(frozen=True)
@@ -179,39 +194,30 @@ def timed(
 
 
 def decoders(
-    model: Any, ids: torch.Tensor, mask: torch.Tensor, config: Any, eos: list[int], pad: int
+    model: Any, ids: torch.Tensor, mask: torch.Tensor, config: Any, eos: list[int], pad: int, names: list[str]
 ) -> dict[str, Decode]:
-    """The two decodes of one batch, each a call giving (sequences, graphed, fallback)."""
-    from verlbox.runtime.training.decode import generate
+    """The decodes NAMES of one batch, each a call giving (sequences, graphed, fallback)."""
+    from verlbox.runtime.training.decode import rollout_generate
 
-    def hf(new_tokens: int) -> tuple[torch.Tensor, None, None]:
-        # the keywords verl 0.4.1's HF rollout passes
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            generation_config=config,
-            max_new_tokens=new_tokens,
-            eos_token_id=eos,
-            pad_token_id=pad,
-            use_cache=True,
-            return_dict_in_generate=True,
-        )
-        return out.sequences, None, None
+    def decoder(keys: dict[str, bool]) -> Decode:
+        def run(new_tokens: int) -> tuple[torch.Tensor, bool | None, str | None]:
+            # the keywords verl 0.4.1's HF rollout passes
+            result = rollout_generate(model, keys)(
+                input_ids=ids,
+                attention_mask=mask,
+                generation_config=config,
+                max_new_tokens=new_tokens,
+                eos_token_id=eos,
+                pad_token_id=pad,
+                output_scores=False,
+                use_cache=True,
+                return_dict_in_generate=True,
+            )
+            return result.sequences, result.graphed if keys.get("graph_decode") else None, result.fallback
 
-    def static(new_tokens: int) -> tuple[torch.Tensor, bool, str | None]:
-        result = generate(
-            model,
-            input_ids=ids,
-            attention_mask=mask,
-            generation_config=config,
-            max_new_tokens=new_tokens,
-            eos_token_id=eos,
-            pad_token_id=pad,
-            graphs=True,
-        )
-        return result.sequences, result.graphed, result.fallback
+        return run
 
-    return {"hf": hf, "static": static}
+    return {name: decoder(DECODES[name]) for name in names}
 
 
 def summarize(calls: list[Call]) -> dict[str, Any]:
@@ -235,7 +241,7 @@ def run_config(
 
     count, answers = BATCHES[batch]
     lengths = draw(prompts, count, random.Random(f"{args.seed}-{batch}"))
-    width = prompts.longest if args.width == "data" else max(lengths)
+    width = prompts.longest
     vocab = model.config.vocab_size
     eos_ids, pad = model.generation_config.eos_token_id, model.generation_config.pad_token_id
     eos = eos_ids if isinstance(eos_ids, list) else [eos_ids]
@@ -243,54 +249,82 @@ def run_config(
     ids, mask = ids.repeat_interleave(answers, dim=0), mask.repeat_interleave(answers, dim=0)
     sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
     config = GenerationConfig(num_beams=1, **(sampling if mode == "sample" else {"do_sample": False}))
-    decode = decoders(model, ids, mask, config, eos, pad)
+    names = args.decode or list(DECODES)
+    decode = decoders(model, ids, mask, config, eos, pad, names)
 
     def count_generated(sequences: torch.Tensor) -> int:
         return generated_tokens(torch_, sequences, width, eos)
 
-    for name in DECODES:
+    for name in names:
         decode[name](WARMUP_TOKENS)
-    calls: dict[str, list[Call]] = {name: [] for name in DECODES}
+    calls: dict[str, list[Call]] = {name: [] for name in names}
     outputs: dict[str, torch.Tensor] = {}
     for repeat in range(args.repeats):
-        # A B, then B A: neither decode always runs on a GPU the other just warmed (or heated)
-        for name in DECODES if repeat % 2 == 0 else DECODES[::-1]:
+        # the order rotated each repeat: no decode always runs on a GPU another just warmed (or heated)
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:
             torch_.manual_seed(args.seed + repeat)
             call, outputs[name] = timed(torch_, lambda name=name: decode[name](args.new_tokens), count_generated)
             calls[name].append(call)
-    summaries = {name: summarize(calls[name]) for name in DECODES}
+    summaries = {name: summarize(calls[name]) for name in names}
     result: dict[str, object] = {
         "batch": batch,
         "mode": mode,
         "rows": ids.shape[0],
         "prompts_x_answers": f"{count}x{answers}",
         "prompt_width": width,
+        "batch_width": max(lengths),
         "mean_prompt_tokens": round(statistics.mean(lengths), 1),
-        **summaries,
-        "speedup": round(summaries["hf"]["seconds"] / summaries["static"]["seconds"], 2),
+        "decodes": summaries,
     }
-    if mode == "greedy":
-        result["same_tokens"] = same_tokens(torch_, outputs["hf"], outputs["static"], width, pad)
+    if "hf" in summaries:
+        result["speedup"] = {name: round(summaries["hf"]["seconds"] / s["seconds"], 2) for name, s in summaries.items()}
+        if mode == "greedy":
+            result["same_tokens"] = {
+                name: same_tokens(torch_, outputs["hf"], outputs[name], width, pad) for name in names if name != "hf"
+            }
     return result
 
 
-def show(result: dict[str, Any]) -> str:
-    hf, static = result["hf"], result["static"]
-    how = "graphed" if static["graphed"] else f"not graphed ({static['fallback'] or 'eager'})"
-    line = (
+def show(result: dict[str, Any]) -> list[str]:
+    lines = [
         f"{result['batch']} {result['mode']}: {result['rows']} rows ({result['prompts_x_answers']}), width "
-        f"{result['prompt_width']}: HF {hf['seconds']:.2f} s {hf['tokens_per_s']} tok/s {hf['reserved_gib']} GiB"
-        f" | static {static['seconds']:.2f} s {static['tokens_per_s']} tok/s {static['reserved_gib']} GiB, {how}"
-        f" | x{result['speedup']}"
-    )
-    same = result.get("same_tokens")
-    if same and same["equal"]:
-        line += " | greedy equal"
-    elif same:
-        line += (
-            f" | greedy differs: {same['rows_equal']} rows equal, first at token {same['first_difference_at_token']}"
-        )
-    return line
+        f"{result['prompt_width']} (the batch's own {result['batch_width']})"
+    ]
+    for name, decode in result["decodes"].items():
+        line = f"  {name}: {decode['seconds']:.2f} s {decode['tokens_per_s']} tok/s {decode['reserved_gib']} GiB"
+        if decode["graphed"] is not None:
+            line += " graphed" if decode["graphed"] else f" not graphed ({decode['fallback'] or 'eager'})"
+        if name in result.get("speedup", {}) and name != "hf":
+            line += f" | x{result['speedup'][name]}"
+        same = result.get("same_tokens", {}).get(name)
+        if same and same["equal"]:
+            line += " | greedy equal"
+        elif same:
+            first = same["first_difference_at_token"]
+            line += f" | greedy differs: {same['rows_equal']} rows equal, first at token {first}"
+        lines.append(line)
+    return lines
+
+
+def gqa_kernels(torch_: Any) -> dict[str, str]:
+    """Which of this device's SDPA kernels take grouped KV heads (enable_gqa=True) with a float mask, fp32, as
+    a prompt pass or a training forward would call them, or why not. torch's math kernel accepts them by
+    repeating the heads itself (the same copy), so only a fused kernel's yes would avoid it."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    query = torch_.randn(2, 14, 32, 64, device="cuda")
+    key, value = (torch_.randn(2, 2, 32, 64, device="cuda") for _ in range(2))
+    mask = torch_.zeros(2, 1, 32, 32, device="cuda")
+    said = {}
+    for kernel in (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+        try:
+            with sdpa_kernel([kernel]):
+                torch_.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True)
+            said[kernel.name] = "accepted"
+        except RuntimeError as exc:
+            said[kernel.name] = f"refused: {str(exc).splitlines()[0][:160]}"
+    return said
 
 
 def load_model(torch_: Any, workdir: Path) -> Any:
@@ -313,9 +347,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--mode", action="append", choices=MODES, help="default: both")
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each decode per configuration")
-    parser.add_argument(
-        "--width", choices=["data", "batch"], default="data", help="pad prompts to the data's longest or the batch's"
-    )
+    parser.add_argument("--decode", action="append", choices=list(DECODES), help="default: all, in this order")
     parser.add_argument("--gpu-memory-gib", help="cap this process's CUDA allocator, e.g. 24 (a P40)")
     return parser.parse_args()
 
@@ -339,7 +371,7 @@ def main() -> int:
         "transformers": transformers.__version__,
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
-        "width": args.width,
+        "gqa_kernels_fp32_masked": gqa_kernels(torch_),
     }
     print(json.dumps(header), flush=True)
     results = []
@@ -347,7 +379,7 @@ def main() -> int:
         for batch in args.batch or list(BATCHES):
             for mode in args.mode or list(MODES):
                 results.append(run_config(torch_, model, batch, mode, prompts, args))
-                print(show(results[-1]), flush=True)
+                print("\n".join(show(results[-1])), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({**header, "results": results}, indent=2))

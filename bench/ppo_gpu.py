@@ -13,6 +13,11 @@ settings they shipped with before issue 31 (BEFORE_ISSUE_31), for a before/after
 
 `profile-grpo` is `profile` with the GRPO profile (validation, saves, crashes and the resume as for PPO).
 
+The rollout's decode parts (issue 53): `ppo-plain-decode` and `grpo-plain-decode` run the profiles with the
+rollout as main shipped it before them (HF generate as verl calls it: no fold, no batch-width trim, no graph);
+`ppo` and `grpo` run the fold and the trim as the profiles ship them; the graph is one more key, e.g.
+`--run ppo:4:actor_rollout_ref.rollout.graph_decode=True`. Alternate the runs for a before/after.
+
 Prompts: synthetic GSM8K rows whose question lengths follow the real GSM8K's (checks/fixtures.py,
 GSM8K_QUESTION_WORDS; --data-seed picks the draw), or `--data DIR`, a folder `verlbox prepare-data` made
 (train.parquet, validation.parquet), e.g. from openai/grade-school-math's jsonl. Every summary says which.
@@ -64,7 +69,15 @@ BEFORE_ISSUE_31 = [
     "actor_rollout_ref.ref.trim_padding=False",
     "data.max_prompt_length=256",
 ]
+# The rollout as main shipped it before issue 53 (HF generate as verl calls it)
+PLAIN_DECODE = [
+    "actor_rollout_ref.rollout.fold_attention=False",
+    "actor_rollout_ref.rollout.trim_padding=False",
+    "actor_rollout_ref.rollout.graph_decode=False",
+]
 BEFORE = {
+    "ppo-plain-decode": PLAIN_DECODE,
+    "grpo-plain-decode": PLAIN_DECODE,
     "ppo-before": [
         *BEFORE_ISSUE_31,
         "critic.model.enable_gradient_checkpointing=True",
@@ -74,7 +87,15 @@ BEFORE = {
     "grpo-before": BEFORE_ISSUE_31,
 }
 # run name -> the profile `train --profile` gets
-PROFILE_RUNS = {"ppo": "p40", "grpo": "grpo", "plain": "p40", "ppo-before": "p40", "grpo-before": "grpo"}
+PROFILE_RUNS = {
+    "ppo": "p40",
+    "grpo": "grpo",
+    "plain": "p40",
+    "ppo-before": "p40",
+    "grpo-before": "grpo",
+    "ppo-plain-decode": "p40",
+    "grpo-plain-decode": "grpo",
+}
 # runs that save, may be killed or crashed after a save (--kill-after-checkpoint, --crash-after-checkpoint) and
 # resume: `profile` with train's default profile (PPO), `profile-grpo` with GRPO's
 SUPERVISED_RUNS = {"profile": None, "profile-grpo": "grpo"}
@@ -265,7 +286,7 @@ def main() -> int:
         action="append",
         required=True,
         help="NAME:STEPS[:KEY=VALUE,...] with NAME profile|profile-grpo|seeds|resume|refuse|ppo|grpo|plain|"
-        "ppo-before|grpo-before",
+        "ppo-before|grpo-before|ppo-plain-decode|grpo-plain-decode",
     )
     parser.add_argument("--gpu-memory-gib", default="24")
     parser.add_argument("--kill-after-checkpoint", type=int, help="profile runs: SIGKILL once this step is saved")

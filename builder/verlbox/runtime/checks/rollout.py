@@ -13,6 +13,18 @@ from typing import Any
 ROWS, PROMPT, RESPONSE = 6, 12, 24
 LEFT_PADDING = (5, 0, 2, 7, 1, 3)
 EOS, PAD = 1, 0
+# verl's rollout as stock verl decodes (generate), and with verlbox's rollout keys (runtime/training/decode.py)
+ROLLOUT_DECODERS: dict[str, dict[str, bool]] = {
+    "generate": {},
+    "generate with groups folded, over the batch's width": {"fold_attention": True, "trim_padding": True},
+    "the static decoder, folded, over the batch's width": {
+        "graph_decode": True,
+        "fold_attention": True,
+        "trim_padding": True,
+    },
+}
+# left-padding columns added to every row for the rollout check: what trim_padding cuts and puts back
+SHARED_PADDING = 4
 
 
 def varied_model(model_dir: Path, device: str) -> Any:
@@ -42,16 +54,28 @@ def left_padded_prompts(vocab_size: int, device: str) -> tuple[Any, Any, Any]:
     return input_ids.to(device), attention_mask.to(device), position_ids.to(device)
 
 
-def _share_as_scored(model: Any, input_ids: Any, attention_mask: Any, position_ids: Any) -> tuple[int, int]:
+def _share_as_scored(
+    model: Any, input_ids: Any, attention_mask: Any, position_ids: Any, prompt_width: int = PROMPT
+) -> tuple[int, int]:
     """How many response tokens are the ones greedy decoding would pick from the logits verl's log-prob
     pass computes (the whole sequence, positions advancing), of how many real response tokens."""
     import torch
 
     with torch.no_grad():
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-    chosen = logits[:, PROMPT - 1 : -1].argmax(-1)
-    real = attention_mask[:, PROMPT:].bool()
-    return int((chosen == input_ids[:, PROMPT:])[real].sum()), int(real.sum())
+    chosen = logits[:, prompt_width - 1 : -1].argmax(-1)
+    real = attention_mask[:, prompt_width:].bool()
+    return int((chosen == input_ids[:, prompt_width:])[real].sum()), int(real.sum())
+
+
+def _widened(prompts: tuple[Any, Any, Any], columns: int) -> tuple[Any, Any, Any]:
+    """PROMPTS with COLUMNS more padding on the left of every row, positions counted as verl counts them."""
+    import torch
+
+    input_ids, attention_mask, _ = prompts
+    input_ids = torch.nn.functional.pad(input_ids, (columns, 0), value=PAD)
+    attention_mask = torch.nn.functional.pad(attention_mask, (columns, 0), value=0)
+    return input_ids, attention_mask, (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def _with_positions(attention_mask: Any, position_ids: Any, response_width: int) -> tuple[Any, Any]:
@@ -79,8 +103,8 @@ def _cpu_cache_emptying() -> Iterator[None]:
             del torch.cpu.empty_cache
 
 
-def verl_rollout(model: Any, prompts: tuple[Any, Any, Any], graph_decode: bool) -> Any:
-    """Greedy responses from the installed (patched) verl's HFRollout."""
+def verl_rollout(model: Any, prompts: tuple[Any, Any, Any], keys: dict[str, bool]) -> Any:
+    """Greedy responses from the installed (patched) verl's HFRollout, with the rollout KEYS set."""
     from omegaconf import OmegaConf
     from verl import DataProto
     from verl.workers.rollout.hf_rollout import HFRollout
@@ -93,7 +117,7 @@ def verl_rollout(model: Any, prompts: tuple[Any, Any, Any], graph_decode: bool) 
             "response_length": RESPONSE,
             "n": 1,
             "dtype": "float32",
-            "graph_decode": graph_decode,
+            **keys,
             "val_kwargs": greedy,
         }
     )
@@ -107,21 +131,28 @@ def verl_rollout(model: Any, prompts: tuple[Any, Any, Any], graph_decode: bool) 
 
 
 def check_rollout_positions(model_dir: Path) -> str:
-    """verl's patched rollout, both decoders: every greedy token is the one the log-prob pass would pick.
-    HF generate given verl's position_ids (what stock verl 0.4.1 calls) is measured beside it."""
+    """verl's patched rollout with each of ROLLOUT_DECODERS: every greedy token is the one the log-prob pass
+    would pick, and verl gets the same tensors from each (every row padded on the left by SHARED_PADDING
+    columns more, which the batch-width trim cuts). HF generate given verl's position_ids (what stock verl
+    0.4.1 calls) is measured beside it."""
     import torch
 
     model = varied_model(model_dir, "cpu")
     prompts = left_padded_prompts(model.config.vocab_size, "cpu")
     input_ids, attention_mask, position_ids = prompts
-    outputs = {graph: verl_rollout(model, prompts, graph) for graph in (False, True)}
-    for graph, batch in outputs.items():
-        agreed, real = _share_as_scored(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+    widened = _widened(prompts, SHARED_PADDING)
+    outputs = {name: verl_rollout(model, widened, keys) for name, keys in ROLLOUT_DECODERS.items()}
+    for name, batch in outputs.items():
+        agreed, real = _share_as_scored(
+            model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["prompts"].size(1)
+        )
         if agreed != real:
-            decoder = "the static decoder" if graph else "generate"
-            raise AssertionError(f"verl's rollout ({decoder}): {agreed} of {real} tokens as its log-prob pass scores")
-    if not torch.equal(outputs[False]["responses"], outputs[True]["responses"]):
-        raise AssertionError("the static decoder's greedy responses differ from generate's")
+            raise AssertionError(f"verl's rollout ({name}): {agreed} of {real} tokens as its log-prob pass scores")
+        # a TensorDict iterates over its rows: its keys are asked for by name
+        expected = outputs["generate"]
+        differing = [key for key in sorted(expected.keys()) if not torch.equal(expected[key], batch[key])]
+        if differing:
+            raise AssertionError(f"verl's rollout ({name}): {', '.join(differing)} differ from generate's")
     with torch.no_grad():
         stock = model.generate(
             input_ids=input_ids,
@@ -136,9 +167,8 @@ def check_rollout_positions(model_dir: Path) -> str:
         model, stock, *_with_positions(attention_mask, position_ids, stock.size(1) - PROMPT)
     )
     return (
-        f"all {real} greedy tokens are what verl's log-prob pass picks, with generate and with the static "
-        f"decoder (the same responses); generate given position_ids, as stock verl calls it: {stock_agreed} "
-        f"of {stock_real}"
+        f"all {real} greedy tokens are what verl's log-prob pass picks, with {', with '.join(ROLLOUT_DECODERS)} "
+        f"(the same tensors); generate given position_ids, as stock verl calls it: {stock_agreed} of {stock_real}"
     )
 
 
@@ -160,6 +190,8 @@ def check_graph_decode(model_dir: Path) -> str:
             eos_token_id=EOS,
             pad_token_id=PAD,
         )
+    # the graph captures the folded attention, as the rollout runs it with fold_attention
+    with torch.no_grad(), decode.folded_decode_attention():
         decoded = decode.generate(
             model,
             input_ids=input_ids,
@@ -176,4 +208,7 @@ def check_graph_decode(model_dir: Path) -> str:
     if not torch.equal(got, expected):
         differing = int((got != expected).any(dim=1).sum())
         raise AssertionError(f"{differing} of {ROWS} greedy rows differ from HF generate's")
-    return f"{ROWS} left-padded rows, {RESPONSE} greedy tokens each from one captured decode step: HF generate's"
+    return (
+        f"{ROWS} left-padded rows, {RESPONSE} greedy tokens each from one captured decode step (query groups "
+        "folded): HF generate's"
+    )

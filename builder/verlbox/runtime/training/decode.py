@@ -18,19 +18,36 @@ calls (parameter offload) and the cache is freed after, so nothing stays on the 
 
 Anything the graph cannot do (no CUDA, a bf16 autocast, a capture that fails) is one line and HF
 `generate`, so a rollout never fails for the sake of speed.
+
+Two more parts, each its own rollout key, apply to either decoder (`rollout_generate`, which verl's patched
+HF rollout calls):
+
+- fold_attention: transformers 4.51's `sdpa_attention_forward` copies every KV head once per query head of
+  its group (`repeat_kv`) in every layer at every step: for Qwen2.5-0.5B (14 query heads over 2 KV heads)
+  each decoded token first writes a 7x copy of the whole cache, then reads it. For a one-token query the
+  copy is avoidable exactly: a group's query heads become query rows of its KV head, so SDPA reads each KV
+  head once, in place (the mask, one row per sequence, broadcasts over them). Longer queries (the prompt
+  pass, training) keep transformers' own path: there the copy is the size of the query itself, and torch
+  2.6's SDPA avoids it (`enable_gqa`) in its flash kernel, which needs sm80 and half precision; its math
+  kernel repeats the heads itself, and its memory-efficient kernel (a P40's in fp32) is not known to take
+  grouped heads (bench/decode_gpu.py asks the device), so on a P40 it would gain nothing known.
+- trim_padding: the prompts are decoded over the batch's own longest prompt: columns that are padding in
+  every row are dropped before and put back after, so verl gets the same tensors, shaped as before.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import GenerationConfig, LogitsProcessorList, StaticCache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +56,15 @@ log = logging.getLogger(__name__)
 STOP_CHECK_EVERY = 8
 # warm-up passes before capture, on a side stream, as torch's CUDA graph notes ask
 WARMUP_STEPS = 2
+# the rollout keys verl's patched HF rollout reads (each off unless set), in the order rollout_generate takes them
+ROLLOUT_KEYS = ("graph_decode", "fold_attention", "trim_padding")
 
 
 @dataclass(frozen=True)
 class Decoded:
     sequences: torch.Tensor  # (rows, prompt + generated): the prompt, then the response padded with pad
     graphed: bool  # the decode steps were replays of one captured graph
-    fallback: str | None  # why HF generate ran instead, or None
+    fallback: str | None  # why HF generate ran where the static decode was asked for, or None
 
 
 @contextmanager
@@ -67,9 +86,97 @@ def unwrapped(module: nn.Module) -> Iterator[nn.Module]:
             setattr(parent, name, child)
 
 
-def generate_for(module: nn.Module) -> Callable[..., Decoded]:
-    """A stand-in for `module.generate` taking the keywords verl's HF rollout passes it."""
-    return functools.partial(generate, module)
+def rollout_generate(module: nn.Module, config: Mapping[str, Any]) -> Callable[..., Decoded]:
+    """A stand-in for `module.generate` taking the keywords verl's HF rollout passes it, decoding as the
+    rollout CONFIG's keys (ROLLOUT_KEYS) ask: the static decoder or HF generate, groups folded or not,
+    prompts trimmed to the batch's longest or not. The sequences come back as wide as the prompts came."""
+    graph, fold, trim = (bool(config.get(key, False)) for key in ROLLOUT_KEYS)
+
+    def decode(*, input_ids: torch.Tensor, attention_mask: torch.Tensor, **settings: Any) -> Decoded:
+        cut = shared_left_padding(attention_mask) if trim else 0
+        ids, mask = input_ids[:, cut:], attention_mask[:, cut:]
+        with folded_decode_attention() if fold else nullcontext():
+            if graph:
+                decoded = generate(module, input_ids=ids, attention_mask=mask, **settings)
+            else:
+                sequences = module.generate(input_ids=ids, attention_mask=mask, **settings).sequences
+                decoded = Decoded(sequences, graphed=False, fallback=None)
+        return dataclasses.replace(decoded, sequences=with_columns(input_ids[:, :cut], decoded.sequences))
+
+    return decode
+
+
+def shared_left_padding(attention_mask: torch.Tensor) -> int:
+    """How many leading columns are padding in every row (left-padded prompts); the last column always stays."""
+    used = attention_mask.bool().any(dim=0)
+    # one wait for the device per generate call: the width decides every step's shapes
+    first = int(used.long().argmax()) if bool(used.any()) else used.numel() - 1
+    return min(first, used.numel() - 1)
+
+
+def with_columns(columns: torch.Tensor, sequences: torch.Tensor) -> torch.Tensor:
+    """SEQUENCES (prompts x answers rows, in generate's order: a prompt's answers adjacent) with the prompts'
+    cut leading COLUMNS put back in front."""
+    if not columns.size(1):
+        return sequences
+    answers = sequences.size(0) // columns.size(0)
+    return torch.cat([columns.repeat_interleave(answers, dim=0).to(sequences.dtype), sequences], dim=1)
+
+
+class _FoldedSdpa:
+    """transformers' "sdpa" attention function, with one-token queries of grouped heads folded: the
+    query's heads (batch, kv_heads x groups, 1, dim) viewed as (batch, kv_heads, groups, dim), so each KV
+    head is read once by its group's rows and never copied. Head h belongs to KV head h // groups, the order
+    repeat_kv expands in. Anything else runs transformers' own function."""
+
+    def __init__(self, sdpa: Callable[..., tuple[torch.Tensor, None]]):
+        self.sdpa = sdpa
+
+    def __call__(
+        self,
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        is_causal: bool | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        rows, heads, length, size = query.shape
+        kv_heads = key.shape[1]
+        groups = getattr(module, "num_key_value_groups", 1)
+        # a mask per head, or one not (batch, 1, query, key): not the layout the fold broadcasts
+        mask_per_row = attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1] == 1)
+        if length != 1 or groups == 1 or kv_heads * groups != heads or is_causal or not mask_per_row:
+            return self.sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
+        mask = None if attention_mask is None else attention_mask[:, :, :, : key.shape[-2]]
+        output = nn.functional.scaled_dot_product_attention(
+            query.reshape(rows, kv_heads, groups, size),
+            key.contiguous(),  # a cache is contiguous already: no copy (transformers' own call does the same)
+            value.contiguous(),
+            attn_mask=mask,
+            dropout_p=dropout,
+            scale=scaling,
+        )
+        return output.reshape(rows, 1, heads, size), None
+
+
+@contextmanager
+def folded_decode_attention() -> Iterator[None]:
+    """transformers' "sdpa" attention folds one-token queries (_FoldedSdpa) for as long as this lasts; its
+    own function is put back after. Models look the function up by name at every forward, so this reaches
+    HF generate and the static decoder alike, and the captured graph records the folded kernels."""
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    if isinstance(sdpa, _FoldedSdpa):
+        yield
+        return
+    AttentionInterface.register("sdpa", _FoldedSdpa(sdpa))
+    try:
+        yield
+    finally:
+        AttentionInterface.register("sdpa", sdpa)
 
 
 def generate(
