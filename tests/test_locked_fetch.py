@@ -248,7 +248,7 @@ def test_a_url_with_a_raw_slash_in_its_password_is_refused_wherever_it_enters(tm
     with pytest.raises(StepError, match=r"^the build's apt mirror: ") as stopped:
         build_steps.bare_url(RAW_SLASH)
     assert "s3cret" not in str(stopped.value)
-    assert build_steps.secret_parts({"PIP_INDEX_URL": RAW_SLASH}) == [RAW_SLASH.encode()]
+    assert build_steps.secret_parts({"PIP_INDEX_URL": RAW_SLASH}) == [(RAW_SLASH.encode(), b"***")]
     with pytest.raises(StepError, match=r"^an index URL of this build: ") as stopped:
         build_steps.Fetcher({"PIP_INDEX_URL": RAW_SLASH})
     assert "s3cret" not in str(stopped.value)
@@ -369,12 +369,77 @@ def test_a_planted_cache_entry_and_a_broken_index_are_one_line_each(tmp_path: Pa
 
 def test_check_never_shows_an_index_s_login_or_query_from_uv_s_errors() -> None:
     """uv names the index URL in its errors (here the stand-in answers with a type uv refuses): --check's
-    finding shows where, never the login or the token in the query."""
+    finding shows where, never the login, the index's path or the token in the query."""
     from verlbox.host.building.sources import BuildSources
     from verlbox.host.trust import pins
 
     with serve_files({"/simple/tinywheel/": b"<html></html>"}) as url:
         index = f"{url.replace('://', '://ci:pw0rd@')}/simple/?token=qu3ry-T0KEN"
         finding = pins.check_resolution(["tinywheel==1.0"], "3.11", index, None, BuildSources(), 5)
-    assert not finding.served and f"{url.removeprefix('http://')}/simple/tinywheel/?***" in finding.answer
+    assert not finding.served and f"{url.removeprefix('http://')}/***/tinywheel/?***" in finding.answer
     assert "qu3ry-T0KEN" not in finding.answer and "pw0rd" not in finding.answer
+
+
+def test_a_token_in_an_index_s_path_is_in_no_message(tmp_path: Path) -> None:
+    """Issue 52: an index may take its token in its path (`https://host/TOKEN/simple/`); a locked fetch's failure
+    names the page or file with that path as `***` (its last part kept), and a tool's output loses it too."""
+    served = make_wheel(tmp_path, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = True\n"})
+    entry, token = _entry(served), "pa7h-T0KEN"
+    # the page links a file the index does not serve, beside the index's path, as some indexes do
+    pages = {f"/{token}/simple/tinywheel/": f'<a href="../../files/{served.name}">{served.name}</a>'.encode()}
+    seen: list[tuple[str, str | None]] = []
+    with _recording_index(pages, seen) as own, pytest.raises(StepError) as missing:
+        build_steps.fetch_locked([entry], tmp_path / "a", {"PIP_INDEX_URL": f"http://{own}/{token}/simple/"})
+    assert str(missing.value) == f"http://{own}/***/{served.name}: Not Found"
+    with _recording_index(pages, seen, status=401) as own, pytest.raises(StepError) as refused:
+        build_steps.fetch_locked([entry], tmp_path / "b", {"PIP_INDEX_URL": f"http://{own}/{token}/simple/"})
+    assert str(refused.value).endswith(f"; http://{own}/***/tinywheel/: Unauthorized"), refused.value
+    assert (f"/{token}/files/{served.name}", None) in seen  # the file was asked where the page said
+    index = f"https://mirror.invalid/{token}/simple/"
+    hidden = dict(build_steps.secret_parts({"PIP_INDEX_URL": index}))
+    assert hidden == {f"mirror.invalid/{token}/simple".encode(): b"mirror.invalid/***"}
+
+
+def test_an_index_with_its_token_in_the_query_serves_a_locked_build(tmp_path: Path) -> None:
+    """Issue 52: `https://host/simple/?token=X` was asked `.../simple/?token=X/tinywheel/`; now the project's page
+    is asked with the query after it, and the token goes with the page's file links on the index's own host (a
+    relative link loses the page's query) and with no other host's; no message shows it."""
+    served = make_wheel(tmp_path, "tinywheel", "1.0", {"tinywheel.py": "WHEEL = True\n"})
+    entry, token = _entry(served), "qu3ry-T0KEN"
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            path, _, query = self.path.partition("?")
+            body = {"/simple/tinywheel/": page, f"/files/{served.name}": served.read_bytes()}.get(path)
+            if query != f"token={token}" or body is None:  # a wrong token is refused before any name is looked up
+                self.send_error(403 if query != f"token={token}" else 404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    page = f'<a href="../../files/{served.name}#sha256={entry["sha256"]}">{served.name}</a>'.encode()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    own = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        (path,) = build_steps.fetch_locked(
+            [entry], tmp_path / "cache", {"PIP_INDEX_URL": f"http://{own}/simple/?token={token}"}
+        )
+        assert path.read_bytes() == served.read_bytes()
+        assert seen == [f"/simple/tinywheel/?token={token}", f"/files/{served.name}?token={token}"]
+        missing = {**entry, "name": "other", "file": "other-1.0-py3-none-any.whl"}
+        with pytest.raises(StepError) as refused:
+            build_steps.fetch_locked(
+                [missing], tmp_path / "cache", {"PIP_INDEX_URL": f"http://{own}/simple/?token=wrong"}
+            )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert str(refused.value).endswith(f"; http://{own}/***/other/: Forbidden") and "wrong" not in str(refused.value)

@@ -310,3 +310,28 @@ def test_uv_s_own_warnings_are_not_given_as_the_reason_a_resolution_failed(
     assert not finding.served
     assert finding.answer.startswith("Because absentpkg was not found in the package registry"), finding.answer
     assert "warning" not in finding.answer
+
+
+def test_a_lock_of_the_registry_base_without_its_digest_is_refused(tmp_path: Path) -> None:
+    """Issue 52: a stranger's lock naming the recipe's registry base with no digest held a bundle's base.tar
+    only to the lock's own image ID; one with a digest other than the recipe's pin is refused too."""
+    recipe_path, lock_path = _locked_child(tmp_path, "debian:bookworm-slim")
+    recipe = load_recipe(recipe_path)
+    with pytest.raises(UsageError) as refused:
+        read_lock(lock_path, recipe)
+    assert str(refused.value) == (
+        f"{lock_path}: base.digest: a registry base (debian:bookworm-slim) needs its repository digest: "
+        "run `verlbox lock` on an image built from the registry's base"
+    )
+    lock = json.loads(lock_path.read_text())
+    lock["base"] |= {"digest": "debian@sha256:" + "1" * 64}
+    lock_path.write_text(json.dumps(lock))
+    assert read_lock(lock_path, recipe).base.digest == "debian@sha256:" + "1" * 64
+    (tmp_path / "pinned.yaml").write_text(
+        yaml.safe_dump({"extends": str(SHIPPED / "p40-cu124.yaml"), "base": {"digest": "sha256:" + "2" * 64}})
+    )
+    pinned = load_recipe(tmp_path / "pinned.yaml")
+    lock["recipe"], lock["base"]["reference"] = "pinned", pinned.base.pinned_reference
+    (tmp_path / "pinned.lock.json").write_text(json.dumps(lock))
+    with pytest.raises(UsageError, match=r"base\.digest: debian@sha256:1{64}, but the recipe pins sha256:2{64}$"):
+        read_lock(tmp_path / "pinned.lock.json", pinned)

@@ -43,7 +43,8 @@ def test_a_raw_slash_in_a_password_is_refused_with_advice_and_the_encoded_one_is
         assert "AbC" not in message and "dEf" not in message
     assert split_userinfo(TOKEN_URL) == ("https://mirror.invalid:8443/debian?key=v#frag", "ci:AbC%2FdEf+9==")
     assert login("ci:AbC%2FdEf+9==") == ("ci", "AbC/dEf+9==")
-    assert redact(TOKEN_URL) == hub.redact(TOKEN_URL) == shown_url(TOKEN_URL) == "https://mirror.invalid:8443/debian"
+    assert redact(TOKEN_URL) == hub.redact(TOKEN_URL) == "https://mirror.invalid:8443/debian"
+    assert shown_url(TOKEN_URL) == "https://mirror.invalid:8443/***/"  # an option's path may be a token
     assert build_steps.bare_url(TOKEN_URL.split("?")[0]) == (
         "https://mirror.invalid:8443/debian",
         ("https://mirror.invalid:8443/debian", "ci", "AbC/dEf+9=="),

@@ -21,7 +21,7 @@ from rich.console import Console
 from verlbox.errors import UsageError
 from verlbox.host.building.archives import AcceptedArchive, check_archive, fetch_archive, mirror_url
 from verlbox.host.recipes.archive import ArchivePin
-from verlbox.runtime.steps.urls import redact, split_userinfo
+from verlbox.runtime.steps.urls import shown_under, split_userinfo
 
 if TYPE_CHECKING:
     from verlbox.host.recipes.recipe import Base
@@ -59,10 +59,11 @@ def _apt_mirror(value: str | None) -> str | None:
 
 
 def shown_url(value: str) -> str:
-    """VALUE as an error may show it: a malformed URL too loses what could be a credential."""
+    """VALUE as an error may show it: a malformed URL too loses what could be a credential, and its path is
+    `***` (a token may ride there: `https://host/TOKEN/simple/`)."""
     hidden = "(the value, not shown: it may hold a credential)"
     try:
-        shown = redact(value)
+        shown = shown_under(value, [value])
     except ValueError:
         return hidden
     # no host part found (`https//u:secret@host`, `u:secret@host`): nothing was taken out of it

@@ -160,7 +160,21 @@ def read_lock(path: Path, recipe: RecipeHead | None = None, base_override: str |
             f"{path}: base.reference: expected {' or '.join(allowed)} (recipe {recipe.name}'s base), "
             f"got {lock.base.reference}"
         )
+    if recipe is not None and lock.base.reference == recipe.base.pinned_reference:
+        _registry_digest(path, lock.base, recipe.base.digest)
     return lock
+
+
+def _registry_digest(path: Path, base: LockedBase, pinned: str | None) -> None:
+    """A lock of a registry base carries its repository digest (the recipe's own, where the recipe pins one): the
+    image ID alone is only what the lock's author says, and a bundle's base.tar would be held to nothing else."""
+    if base.digest is None:
+        raise UsageError(
+            f"{path}: base.digest: a registry base ({base.reference}) needs its repository digest: "
+            "run `verlbox lock` on an image built from the registry's base"
+        )
+    if pinned is not None and base.digest.partition("@")[2] != pinned:
+        raise UsageError(f"{path}: base.digest: {base.digest}, but the recipe pins {pinned}")
 
 
 def image_records(image: str, module: str = "verlbox.runtime.steps.build_record") -> Any:

@@ -52,6 +52,7 @@ from verlbox.host.clients.upstream import (
 from verlbox.host.recipes.archive import ArchivePin
 from verlbox.host.recipes.recipe import RecipeHead
 from verlbox.runtime.steps.build_steps import secret_parts
+from verlbox.runtime.steps.urls import page_url
 
 # NVIDIA's CUDA apt repositories, where a CUDA base's cuDNN packages come from (a mirror: --nvidia-repo-url)
 NVIDIA_CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
@@ -143,7 +144,7 @@ def file_version(name: str, wanted: str) -> tuple[Version, frozenset[tags.Tag] |
 def check_on_index(http: Http, index_url: str, name: str, version: str, python: str) -> Finding:
     pin = f"{name}=={version}"
     project = canonicalize_name(name.split("[", 1)[0])
-    url = f"{index_url.rstrip('/')}/{project}/"
+    url = page_url(index_url, project)
     host = host_of(url)
     answer = http.request(url, headers={"Accept": "text/html"})
     if answer.status == 404:
@@ -433,9 +434,9 @@ def check_resolution(
             # uv's own warnings (a managed Python it may not fetch, say) are not why the resolution failed
             said = [line for line in lines if line and not line.startswith(("No solution found", "warning:"))]
             reason = " ".join(said)
-            # uv names the index in its errors: its login and query (a token may ride there) are never shown
-            for secret in secret_parts(env):
-                reason = reason.replace(secret.decode(), "***")
+            # uv names the index in its errors: its login, path and query (a token may ride there) are never shown
+            for secret, shown in secret_parts(env):
+                reason = reason.replace(secret.decode(), shown.decode())
             found, unversioned = sdist_only(reason)
             if unversioned:
                 return Finding(

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 try:  # in a build step, build_record.py and urls.py are mounted beside this file; verlbox is not installed yet
     import build_record  # type: ignore[import-not-found]
@@ -83,7 +83,7 @@ class Secrets:
 
 def run(command: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
     """COMMAND's output goes to the build log (it says what went wrong), with the secret parts of the index
-    URLs in ENV replaced by *** (pip prints an index's query, where a token may ride); a failure stops the step."""
+    URLs in ENV replaced (pip prints an index's path and query, where a token may ride); a failure stops the step."""
     hidden = secret_parts(env or {})
     if not hidden:
         returncode = subprocess.run(command, env=env, cwd=cwd, check=False).returncode
@@ -91,8 +91,8 @@ def run(command: list[str], *, env: dict[str, str] | None = None, cwd: Path | No
         with subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as child:
             assert child.stdout is not None
             for line in child.stdout:
-                for secret in hidden:
-                    line = line.replace(secret, b"***")
+                for secret, shown in hidden:
+                    line = line.replace(secret, shown)
                 sys.stdout.buffer.write(line)
                 sys.stdout.flush()
         returncode = child.returncode
@@ -103,20 +103,25 @@ def run(command: list[str], *, env: dict[str, str] | None = None, cwd: Path | No
 INDEX_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL")
 
 
-def secret_parts(env: dict[str, str]) -> list[bytes]:
-    """What no log may show of the index URLs in ENV: each one's credentials (as given and decoded) and its
-    query and fragment. Longest first, so that a part of another is never replaced before it."""
-    parts: set[str] = set()
+def secret_parts(env: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """What no log may show of the index URLs in ENV, each with what is shown instead: each one's credentials
+    (as given and decoded), its query and fragment (`***`), and its path after its host (`host/***`: a token may
+    ride there, `https://host/TOKEN/simple/`). Longest first, so that a part of another is never replaced before it."""
+    parts: dict[str, str] = {}
     for url in (url for name in INDEX_VARIABLES for url in env.get(name, "").split()):
         try:
             bare, userinfo = urls.split_userinfo(url)
         except ValueError:  # a URL no tool can use: hidden whole
-            parts.add(url)
+            parts[url] = "***"
             continue
         if userinfo:
-            parts |= {userinfo, *urls.login(userinfo)[1:]}
-        parts |= {piece for piece in re.split(r"[?#]", bare)[1:] if piece}
-    return sorted((part.encode() for part in parts if part), key=len, reverse=True)
+            parts |= dict.fromkeys({userinfo, *urls.login(userinfo)[1:]}, "***")
+        parts |= dict.fromkeys((piece for piece in re.split(r"[?#]", bare)[1:] if piece), "***")
+        where = urlsplit(urls.redact(url))
+        if path := where.path.strip("/"):
+            parts[f"{where.netloc}/{path}"] = f"{where.netloc}/***"
+    ordered = sorted((secret for secret in parts if secret), key=len, reverse=True)
+    return [(secret.encode(), parts[secret].encode()) for secret in ordered]
 
 
 # ---- Python packages ----------------------------------------------------------------------------------
@@ -280,16 +285,21 @@ class Fetcher:
         primary = [env["PIP_INDEX_URL"]] if env.get("PIP_INDEX_URL") else configured_indexes()
         self.indexes = [*primary, *env.get("PIP_EXTRA_INDEX_URL", "").split()]
         self.logins: dict[tuple[str, str], str] = {}
+        # an index that takes its token in the query: the token goes with every URL of its own scheme, host and
+        # port that has no query of its own (a page's relative file links lose the page's query), never elsewhere
+        self.queries: dict[tuple[str, str], str] = {}
         for index in self.indexes:
             try:
                 bare, userinfo = urls.split_userinfo(index)
             except ValueError as error:
                 raise StepError(f"an index URL of this build: {error}") from None
+            where = urlsplit(bare)
             if userinfo:
-                where = urlsplit(bare)
                 self.logins[(where.scheme, where.netloc)] = base64.b64encode(
                     ":".join(urls.login(userinfo)).encode()
                 ).decode()
+            if where.query:
+                self.queries.setdefault((where.scheme, where.netloc), where.query)
         self.pages: dict[str, list[str]] = {}
         self.failures: dict[str, str] = {}  # page -> why it could not be read (a 404 aside)
 
@@ -301,13 +311,19 @@ class Fetcher:
         where = urlsplit(bare)
         if where.scheme == "file" and Path(unquote(where.path)).is_dir():
             bare = bare.rstrip("/") + "/index.html"
+        elif not where.query and (query := self.queries.get((where.scheme, where.netloc))):
+            bare = urlunsplit(where._replace(query=query))
         request = urllib.request.Request(bare, headers={"Accept": "text/html", "User-Agent": "verlbox-build-steps"})
         if login := self.logins.get((where.scheme, where.netloc)):
             request.add_unredirected_header("Authorization", f"Basic {login}")
         try:
             return self.opener.open(request, timeout=120)
         except (OSError, ValueError) as error:  # urllib's errors are OSErrors; the URL is shown without secrets
-            raise StepError(f"{urls.redact(url)}: {getattr(error, 'reason', None) or error}") from None
+            raise StepError(f"{self.shown(url)}: {getattr(error, 'reason', None) or error}") from None
+
+    def shown(self, url: str) -> str:
+        """URL as a message shows it: no login, query or fragment, and no index's path (urls.shown_under)."""
+        return urls.shown_under(url, self.indexes)
 
     def read(self, url: str) -> tuple[bytes, str]:
         """URL's whole body, and the URL it was served from (a redirect may have moved it)."""
@@ -315,11 +331,11 @@ class Fetcher:
             try:
                 return answer.read(), answer.geturl()
             except (OSError, http.client.HTTPException) as error:
-                raise StepError(f"{urls.redact(url)}: {error or type(error).__name__}") from None
+                raise StepError(f"{self.shown(url)}: {error or type(error).__name__}") from None
 
     def links(self, index: str, name: str) -> list[str]:
         """The absolute URLs project NAME's page on INDEX links to (none where the index has no such page)."""
-        page = f"{index.rstrip('/')}/{re.sub(r'[-_.]+', '-', name).lower()}/"
+        page = urls.page_url(index, re.sub(r"[-_.]+", "-", name).lower())
         if page not in self.pages:
             self.pages[page] = []
             try:
@@ -361,7 +377,7 @@ class Fetcher:
                     out.write(chunk)
         except (OSError, http.client.HTTPException) as error:
             partial.unlink(missing_ok=True)
-            raise StepError(f"{entry['file']} from {urls.redact(url)}: {error or type(error).__name__}") from None
+            raise StepError(f"{entry['file']} from {self.shown(url)}: {error or type(error).__name__}") from None
         if digest.hexdigest() != entry["sha256"]:
             partial.unlink()
             raise StepError(

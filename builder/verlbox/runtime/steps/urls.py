@@ -12,7 +12,8 @@ build_steps.py).
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote
+from collections.abc import Iterable
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)(.*)", re.DOTALL)
 # what may follow the credentials: a bracketed IP literal or a name, then a port of digits. Anything else
@@ -50,3 +51,27 @@ def redact(url: str) -> str:
     """URL as it may be shown or recorded: no credentials, and no query or fragment (a token may ride there)."""
     bare, _ = split_userinfo(url)
     return re.split(r"[?#]", bare, maxsplit=1)[0]
+
+
+def page_url(index: str, name: str) -> str:
+    """Project NAME's page on INDEX (PEP 503: `INDEX/NAME/`), the index's query kept after it: an index that takes
+    its token in the query (`https://host/simple/?token=X`) is asked `https://host/simple/NAME/?token=X`."""
+    parts = urlsplit(index)
+    return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{name}/"))
+
+
+def shown_under(url: str, indexes: Iterable[str]) -> str:
+    """URL as a message may show it: redact()'s, and where it is on the scheme, host and port of one of INDEXES
+    whose URL has a path, that path as `***` up to its last part (a project's page, a file's name): a token may
+    ride in an index's path (`https://host/TOKEN/simple/`), and in the links its pages give to files on its own
+    host (`https://host/TOKEN/files/NAME`), and nothing tells it from a plain folder."""
+    shown = redact(url)
+    where = urlsplit(shown)
+    for index in indexes:
+        base = urlsplit(redact(index))
+        if base.path.strip("/") and (where.scheme, where.netloc) == (base.scheme, base.netloc):
+            below = where.path.strip("/")
+            last = "" if below == base.path.strip("/") else below.rsplit("/", 1)[-1]
+            tail = "/" if where.path.endswith("/") and last else ""
+            return urlunsplit(where._replace(path=f"/***/{last}{tail}"))
+    return shown
