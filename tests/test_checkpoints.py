@@ -526,3 +526,14 @@ def test_a_save_cut_short_by_a_power_cut_is_incomplete_and_the_last_whole_one_is
     )
     assert verl_find_latest(verl_tree)(str(root)) == str(root / "global_step_75")
     assert (root / "global_step_75").is_dir()  # keep=1 never removes the newest whole save
+
+
+def test_one_kept_save_is_raised_to_two_saying_why() -> None:
+    """verl 0.4.1 removes the kept save before it writes the next: with one, a cut save leaves nothing."""
+    said: list[str] = []
+    kept = ["trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=null"]
+    raised = checkpoints.keep_two_at_least(kept, said.append)
+    assert raised == ["trainer.max_actor_ckpt_to_keep=2", "trainer.max_critic_ckpt_to_keep=null"]
+    assert len(said) == 1 and said[0].startswith("trainer.max_actor_ckpt_to_keep=1 raised to 2: verl removes")
+    three = ["trainer.max_actor_ckpt_to_keep=3", "trainer.max_critic_ckpt_to_keep=3"]
+    assert checkpoints.keep_two_at_least(three, said.append) == three and len(said) == 1

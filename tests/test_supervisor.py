@@ -227,3 +227,63 @@ def test_processes_verl_left_are_reaped_when_train_is_the_container_s_first_proc
     result = subprocess.run([sys.executable, "-c", REAPER], capture_output=True, text=True, timeout=60, check=False)
     assert result.stdout.split("\n")[-2] == "0 []", result.stdout + result.stderr
     assert "ended 1 process(es) verl left running" in result.stderr
+
+
+def test_restarts_back_off_to_a_cap_and_start_again_after_a_save() -> None:
+    policy = RestartPolicy(failures=99, window_s=0, delay_s=30, max_delay_s=200)
+
+    def failed(*progressed: bool) -> list[Attempt]:
+        return [Attempt(1, 60, 60.0 * n, saved) for n, saved in enumerate(progressed)]
+
+    assert [policy.delay(failed(*[False] * n)) for n in range(1, 6)] == [30, 60, 120, 200, 200]
+    assert policy.delay(failed(False, False, False, True)) == 30  # the last attempt saved: back to the base
+    assert policy.delay(failed(False, True, False)) == 30
+    assert RestartPolicy(delay_s=300, max_delay_s=60).delay(failed(False, False)) == 300  # the cap never shortens it
+
+
+def test_the_back_off_and_the_halt_s_retry_are_read_from_the_environment() -> None:
+    policy = RestartPolicy.from_environment({"VERLBOX_RESTART_DELAY_MAX_S": "90", "VERLBOX_HALT_RETRY_S": "0"})
+    assert (policy.max_delay_s, policy.halt_retry_s) == (90, 0)
+    with pytest.raises(UsageError, match="VERLBOX_HALT_RETRY_S"):
+        RestartPolicy.from_environment({"VERLBOX_HALT_RETRY_S": "soon"})
+
+
+def test_a_crash_loop_under_compose_is_tried_again_on_its_own_after_the_pause(tmp_path: Path) -> None:
+    """A 4-minute outage (NFS away, a GPU reset) with attempts dying in it must not end a week's run: the halt file
+    says when the run is tried again, and it is, until a stop ends the hold with the halt's code."""
+    halt_file = tmp_path / "halted"
+    program = (
+        "import sys\nfrom pathlib import Path\nfrom verlbox.runtime import commands\n"
+        "from verlbox.errors import RunHalted\nfrom verlbox.runtime.training import supervisor\n"
+        f"supervisor.HALT_FILE = Path({str(halt_file)!r})\n"
+        f"count = Path({str(tmp_path / 'runs')!r})\n"
+        "def looping(args):\n"
+        "    count.write_text(str(int(count.read_text() or 0) + 1 if count.exists() else 1))\n"
+        "    raise RunHalted('verl failed (exit 1 after 1 s); 3 failures within 15 min: a crash loop')\n"
+        "commands._train = looping\nfrom verlbox.cli import main\nsys.exit(main(['train']))\n"
+    )
+    env = dict(os.environ, VERLBOX_ON_HALT="wait", VERLBOX_HALT_RETRY_S="1")
+    process = subprocess.Popen([sys.executable, "-c", program], env=env, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    assert process.stderr.readline().startswith("verlbox: error: verl failed")
+    assert "tried again on its own in 1 s" in process.stderr.readline()
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "runs").exists() or runs(tmp_path) < 3:
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    assert "tried again on its own at " in halt_file.read_text()
+    process.terminate()
+    assert process.wait(timeout=10) == RUN_HALTED
+    assert "the halt's pause is over: starting the run again" in process.stderr.read()
+
+
+def test_ray_sessions_of_ended_attempts_are_removed_but_the_newest(tmp_path: Path) -> None:
+    sessions = [tmp_path / f"session_2026-12-0{day}_10-00-00_000000_{day}" for day in (1, 2, 3)]
+    for age, session in enumerate(reversed(sessions)):
+        (session / "logs").mkdir(parents=True)
+        os.utime(session, (time.time() - 100 * age, time.time() - 100 * age))
+    (tmp_path / "session_latest").symlink_to(sessions[-1])
+    said: list[str] = []
+    supervisor.prune_ray_sessions(tmp_path, said.append)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [sessions[-1].name, "session_latest"]
+    assert said == []  # quiet with room to spare

@@ -358,3 +358,12 @@ def test_a_second_train_is_refused_at_once_under_compose_and_a_dead_console_stil
         finally:
             process.terminate()
             process.wait(timeout=10)
+
+
+def test_mig_instances_in_cuda_visible_devices_count_as_one_device() -> None:
+    """MIG-... entries counted as no GPU, so a MIG slice got a topology of 0 GPUs; CUDA 11/12 enumerate one."""
+    gpus, migs = ["GPU-aaa", "GPU-bbb"], ["MIG-111", "MIG-222"]
+    assert train.cuda_visible("MIG-111", gpus, migs) == 1
+    assert train.cuda_visible("MIG-111,MIG-222", gpus, migs) == 1
+    assert train.cuda_visible("MIG-999", gpus, migs) == 0
+    assert train.cuda_visible("0,1", gpus, migs) == 2
