@@ -214,7 +214,7 @@ verl = [sys.executable, "-c", "import os, subprocess, sys, time; "
         f"subprocess.Popen([sys.executable, '-c', {leftover!r}]); "
         f"subprocess.Popen([sys.executable, '-c', {unmarked!r}], env={{}}); time.sleep(3)"]
 code = supervisor.run_attempt(verl, dict(os.environ), supervisor.StopRequest(), 1.0, None,
-                              lambda text: print(text, file=sys.stderr))
+                              lambda text: print(text, file=sys.stderr), supervisor.RaySessions({}))
 print(code, [p.name for p in pathlib.Path("/proc").iterdir()
              if p.name.isdigit() and (p / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(os.getpid())])
 """
@@ -277,13 +277,44 @@ def test_a_crash_loop_under_compose_is_tried_again_on_its_own_after_the_pause(tm
     assert "the halt's pause is over: starting the run again" in process.stderr.read()
 
 
-def test_ray_sessions_of_ended_attempts_are_removed_but_the_newest(tmp_path: Path) -> None:
-    sessions = [tmp_path / f"session_2026-12-0{day}_10-00-00_000000_{day}" for day in (1, 2, 3)]
-    for age, session in enumerate(reversed(sessions)):
-        (session / "logs").mkdir(parents=True)
-        os.utime(session, (time.time() - 100 * age, time.time() - 100 * age))
-    (tmp_path / "session_latest").symlink_to(sessions[-1])
+def test_ray_sessions_of_earlier_attempts_are_removed_and_no_other_s(tmp_path: Path) -> None:
+    """A week of restarts piled Ray's session folders up in /tmp; another experiment's live Ray must keep its own."""
+    root = tmp_path / "ray"
+    other = root / "session_2026-12-01_10-00-00_000000_1"
+    (other / "sockets").mkdir(parents=True)
+    sessions = supervisor.RaySessions({"RAY_TMPDIR": str(tmp_path)})
     said: list[str] = []
-    supervisor.prune_ray_sessions(tmp_path, said.append)
-    assert sorted(path.name for path in tmp_path.iterdir()) == [sessions[-1].name, "session_latest"]
+    made = []
+    for attempt in range(3):
+        sessions.attempt_starts()
+        made.append(root / f"session_2026-12-0{attempt + 2}_10-00-00_000000_{attempt + 2}")
+        (made[-1] / "logs").mkdir(parents=True)  # what this attempt's Ray made
+        sessions.attempt_ended(said.append)
+    assert sorted(path.name for path in root.iterdir()) == [other.name, made[-1].name]
     assert said == []  # quiet with room to spare
+
+
+def test_a_stop_that_comes_while_the_first_is_decided_is_held_with_it() -> None:
+    """Deciding reads the disk (slow on NFS): a second stop arriving meanwhile must not find the first half-decided
+    and kill verl mid-save."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    asked: list[int] = []
+
+    def saving() -> bool:
+        if not asked:  # a second stop, arriving while the first is being decided
+            asked.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        return True
+
+    try:
+        with supervisor.StopRequest(holds_off=saving) as stop:
+            stop.started(child)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            stop.decide()
+            assert (stop.signal, stop.repeated) == (signal.SIGTERM, 1)
+            assert stop.held_since is not None and child.poll() is None  # held, verl untouched
+    finally:
+        child.kill()
+        child.wait()

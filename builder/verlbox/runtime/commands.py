@@ -74,29 +74,33 @@ def _train_or_hold(args: argparse.Namespace) -> int:
     waits = supervisor.holds(os.environ, args.on_halt) and not one_off
     # a console gone (EIO, a full disk under `2> file`) must not turn a hold into exit 1 and Docker's restart
     say = ConsoleGuard().guarding(lambda text: err.print(text, markup=False))
+    retrying = False  # a crash loop's halt has been tried again: whatever fails next (the outage may still be on,
+    # a one-off may hold the experiment's lock meanwhile) waits for the next pause, not for a person
     while True:
         supervisor.clear_halt()
         try:
             return _train(args)
-        except OSError as exc:  # a full disk while preparing GSM8K, an unreadable folder: one line naming the path
-            failure = VerlboxError(f"{exc.filename or 'a file'}: {exc.strerror or exc}")
-            if not waits:
+        except (OSError, VerlboxError) as exc:
+            # a full disk while preparing GSM8K, an unreadable folder: one line naming the path
+            failure = (
+                exc
+                if isinstance(exc, VerlboxError)
+                else VerlboxError(f"{exc.filename or 'a file'}: {exc.strerror or exc}")
+            )
+            if not waits or (isinstance(exc, AlreadyRunning) and not retrying):
+                if failure is exc:
+                    raise
                 raise failure from None
             say(f"verlbox: error: {failure}")
-            return supervisor.hold(failure.exit_code, str(failure), say) or failure.exit_code
-        except VerlboxError as exc:
-            if not waits or isinstance(exc, AlreadyRunning):
-                raise
-            say(f"verlbox: error: {exc}")
-            # a crash loop may be an outage that ends (NFS away, a GPU reset): the run is tried again after a pause
-            again = supervisor.RestartPolicy.from_environment(os.environ).halt_retry_s
+            retrying = retrying or isinstance(exc, RunHalted)  # the policy was read before a crash loop could be
+            again = supervisor.RestartPolicy.from_environment(os.environ).halt_retry_s if retrying else 0.0
             # a record the full disk kept from being written (train.supervised_run) is tried again while it holds
             code = supervisor.hold(
-                exc.exit_code,
-                str(exc),
+                failure.exit_code,
+                str(failure),
                 say,
                 retry=getattr(exc, "pending_write", None),
-                run_again_after_s=again if isinstance(exc, RunHalted) and again else None,
+                run_again_after_s=again or None,
             )
             if code is not None:
                 return code

@@ -38,18 +38,23 @@ class _Relay:
         self._changed = threading.Condition()
         self._busy = False
         self._closing = False
+        self.delivered = 0
         self.dropped = 0  # since the console last took a line
         self.blocked_since: str | None = None  # when lines were first dropped, until the console takes one again
         threading.Thread(target=self._run, daemon=True, name="console").start()
 
-    def put(self, deliver: Callable[[object], None], text: object) -> None:
+    def put(self, deliver: Callable[[object], None], text: object) -> bool:
+        """Queue TEXT (or count it, the queue full); False: the relay has closed, the caller writes it itself."""
         with self._changed:
+            if self._closing:
+                return False
             if len(self._queue) >= QUEUE_LINES:
                 self.dropped += 1
                 self.blocked_since = self.blocked_since or now()
-                return
+                return True
             self._queue.append((deliver, text))
             self._changed.notify_all()
+            return True
 
     def _run(self) -> None:
         while True:
@@ -65,12 +70,20 @@ class _Relay:
             deliver(text)
             with self._changed:
                 self._busy = False
+                self.delivered += 1
                 self._changed.notify_all()
 
     def settle(self, timeout_s: float) -> bool:
-        """Wait up to TIMEOUT_S for every queued line to be written; False: the console still blocks."""
+        """Wait for every queued line to be written, as long as the console takes one every TIMEOUT_S (a slow link
+        still gets the run's last lines); False: it took none for TIMEOUT_S, it blocks."""
         with self._changed:
-            return self._changed.wait_for(lambda: not self._queue and not self._busy, timeout_s)
+            while self._queue or self._busy:
+                seen = self.delivered
+                if not self._changed.wait_for(
+                    lambda seen=seen: self.delivered != seen or not (self._queue or self._busy), timeout_s
+                ):
+                    return False
+            return True
 
     def close(self) -> None:
         with self._changed:
@@ -127,9 +140,8 @@ class ConsoleGuard:
     def write(self, show: Callable[[Shown], None], text: Shown) -> None:
         if self.failed is not None:
             return
-        if _relay is not None:
-            _relay.put(lambda line: self._deliver(show, line), text)  # type: ignore[arg-type]
-        else:
+        relay = _relay  # read once: settle() may let it go meanwhile, from another thread
+        if relay is None or not relay.put(lambda line: self._deliver(show, line), text):  # type: ignore[arg-type]
             self._deliver(show, text)
 
     def _deliver(self, show: Callable[[Shown], None], text: Shown) -> None:
@@ -159,7 +171,8 @@ class ConsoleGuard:
                     return None
                 self._told = True
                 return self.failure
-            blocked = _relay.blocked_since if _relay is not None else None
+            relay = _relay
+            blocked = relay.blocked_since if relay is not None else None
             if blocked is None or blocked == self._told_blocked:
                 return None
             self._told_blocked = blocked
@@ -172,9 +185,8 @@ class ConsoleGuard:
         if self.failed is None:
             return
         line = f"verlbox: {self.failure}\n"
-        if _relay is not None:
-            _relay.put(_write_stderr, line)
-        else:
+        relay = _relay
+        if relay is None or not relay.put(_write_stderr, line):
             _write_stderr(line)
 
 

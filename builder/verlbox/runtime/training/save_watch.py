@@ -3,8 +3,9 @@
 verl's TaskRunner prints `local_global_step_folder: ...` as a save begins and a worker makes the step folder about
 2 ms later; under Ray the line reaches train's console through Ray's log monitor, which polls every 0.1 s, so the
 folder is on disk 50-100 ms before the line is read (39 of 40 saves measured). A stop held only from the line loses
-every save it meets in that window. So the disk speaks first: a step folder newer than the step the tracker names,
-made or written into since this attempt of verl started, is a save under way. Nothing here reads a clock: the
+every save it meets in that window. So the disk speaks first: a step folder made or written into since this attempt
+of verl started, and neither written whole nor passed by the tracker since, is a save under way (whatever step the
+tracker named before: a run resumed from an older path or started over writes below it). Nothing here reads a clock: the
 tracker counts as rewritten when its inode, size or mtime differ from what they were as the attempt started, so
 an NFS server whose clock runs behind confirms a save as soon as any other.
 """
@@ -75,17 +76,22 @@ class SaveWatch:
         return is_complete(step_folder, self.load_contents)
 
     def under_way(self) -> Path | None:
-        """The step folder verl is writing now, if any: newer than the tracker's step, and made or written into
-        since the mark. Older folders change too (verl's rotation empties them): they are no save."""
+        """The step folder verl is writing now, if any: made, or given a file it did not hold, since the mark, and
+        neither written (written) nor passed by a tracker rewritten since (a save done before the last one). A
+        folder that only lost files is verl's rotation emptying an older save: no save."""
         tracked = read_tracker(self.folder)
+        moved_on = tracked if isinstance(tracked, int) and stamp(self.folder / TRACKER) != self._tracker else None
         for step, path in reversed(self._step_folders()):
-            if isinstance(tracked, int) and step <= tracked:
-                return None
-            if path.is_symlink():
+            if path.is_symlink() or not self._written_into(path):
                 continue
-            if folder_signature(path) != self._before.get(path) and not self.written(path):
-                return path
+            if (moved_on is not None and step <= moved_on) or self.written(path):
+                continue
+            return path
         return None
+
+    def _written_into(self, step_folder: Path) -> bool:
+        before = self._before.get(step_folder)
+        return before is None or bool(folder_signature(step_folder) - before)
 
     def _step_folders(self) -> list[tuple[int, Path]]:
         try:

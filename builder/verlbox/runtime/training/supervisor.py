@@ -16,7 +16,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,11 +31,11 @@ from verlbox.runtime.training.progress import RunWatch
 # compose's healthcheck looks for it: a halted run shows as unhealthy in `docker compose ps`
 HALT_FILE = Path("/tmp/verlbox-halted")
 ON_HALT = "VERLBOX_ON_HALT"
+POLL_S = 0.1  # how soon a stop is acted on
 RETRY_S = 60.0  # a held run tries a record the full disk kept from being written again this often
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # in the environment of verl and all it starts: what is still running after it has ended is found by it
 ATTEMPT_MARKER = "VERLBOX_ATTEMPT"
-RAY_TEMP = Path("/tmp/ray")
 TEMP_ROOM_BYTES = 2 * 2**30  # below this, Ray's logs and spilled objects of the next attempt may not fit
 
 
@@ -85,7 +84,7 @@ class RestartPolicy:
             if attempt.progressed:
                 break
             in_a_row += 1
-        return min(self.delay_s * 2 ** max(in_a_row - 1, 0), max(self.max_delay_s, self.delay_s))
+        return min(self.delay_s * 2 ** min(max(in_a_row - 1, 0), 30), max(self.max_delay_s, self.delay_s))
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,11 @@ class StopRequest:
     """The signals that stop the run (docker stop's SIGTERM, Ctrl-C), passed on to verl's process group, except
     while verl writes a checkpoint (HOLDS_OFF): then none reaches verl, however many come (a second `docker compose
     stop`, `down`), until the save is on disk or the grace has passed. Outside a save, a second one kills the
-    group at once."""
+    group at once.
+
+    The handler only records the signal: deciding reads the disk (a slow one, an NFS server away), and a handler
+    that did so could be entered again by a second signal before it had decided, or block the process on a lock
+    it holds itself. The supervisor's loop decides, every POLL_S."""
 
     def __init__(self, holds_off: Callable[[], bool] = lambda: False) -> None:
         self.signal: int | None = None
@@ -127,7 +130,7 @@ class StopRequest:
         self.held_since: float | None = None  # a stop kept from verl while HOLDS_OFF said so (a save running)
         self.repeated = 0  # stops that came again while one was held
         self._holds_off = holds_off
-        self._event = threading.Event()
+        self._received: list[int] = []  # appended by the handler only: no lock, nothing else
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopRequest:
@@ -140,18 +143,23 @@ class StopRequest:
             signal.signal(signum, handler)  # type: ignore[arg-type]
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.held_since is not None:  # the save goes on: this stop waits with the first
-            self.repeated += 1
-            return
-        again = self.signal is not None
-        self.signal = signum
-        self._event.set()
-        if again:
-            self._send(signal.SIGKILL)
-        elif self.child is not None and self._holds_off():
-            self.held_since = time.monotonic()
-        else:
-            self._send(signum)
+        self._received.append(signum)
+
+    def decide(self) -> None:
+        """Act on the signals received since the last call, in order."""
+        while self._received:
+            signum = self._received.pop(0)
+            if self.held_since is not None:  # the save goes on: this stop waits with the first
+                self.repeated += 1
+            elif self.signal is not None:
+                self._send(signal.SIGKILL)
+            else:
+                self.signal = signum
+                running = self.child is not None and self.child.poll() is None
+                if running and self._holds_off():
+                    self.held_since = time.monotonic()
+                else:
+                    self._send(signum)
 
     def _send(self, signum: int) -> None:
         self.held_since = None
@@ -160,10 +168,9 @@ class StopRequest:
                 os.killpg(self.child.pid, signum)
 
     def started(self, child: subprocess.Popen[bytes]) -> None:
-        """CHILD is the one to stop; a signal that came while it was being started is passed on now."""
+        """CHILD is the one to stop; a signal that came while it was being started is passed on at the next
+        decision."""
         self.child = child
-        if self.signal is not None:
-            self._send(self.signal)
 
     def release(self, grace_s: float) -> bool:
         """Pass a held stop on once verl's save is written, or once GRACE_S seconds have gone by; True: the grace
@@ -180,7 +187,15 @@ class StopRequest:
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to SECONDS; True when a stop signal came."""
-        return self._event.wait(seconds)
+        deadline = time.monotonic() + seconds
+        while True:
+            self.decide()
+            if self.signal is not None:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(POLL_S, left))
 
     @property
     def exit_code(self) -> int:
@@ -221,15 +236,18 @@ def _supervise(
     clock: Callable[[], float],
 ) -> int:
     attempts: list[Attempt] = []
+    sessions = RaySessions(env)
     with StopRequest(holds_off=lambda: watch is not None and watch.saving) as stop:
         while True:
+            stop.decide()
             if stop.signal is not None:  # asked to stop while the last attempt was being cleaned up after
                 return stop.exit_code
             started_from = newest_step()
             started = clock()
-            code = run_attempt(command, env, stop, policy.save_grace_s, watch, say)
+            code = run_attempt(command, env, stop, policy.save_grace_s, watch, say, sessions)
             if code == 0:
                 return 0
+            stop.decide()
             if stop.signal is not None:
                 say(f"verl stopped ({describe_exit(code)}) on {signal.Signals(stop.signal).name}")
                 return stop.exit_code
@@ -260,24 +278,29 @@ def run_attempt(
     save_grace_s: float,
     watch: RunWatch | None,
     say: Callable[[str], None],
+    sessions: RaySessions,
 ) -> int:
     """One run of verl, in a process group of its own (a stop reaches what it started, not only the driver),
     and marked: whatever it leaves behind (Ray's processes, a worker that left the group) is ended after it."""
+    sessions.attempt_starts()
     marker = f"{os.getpid()}-{secrets.token_hex(8)}"
     output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if watch else {}
     child_env = dict(env) | {ATTEMPT_MARKER: marker} | ({"PYTHONUNBUFFERED": "1"} if watch else {})
     child = subprocess.Popen(list(command), env=child_env, start_new_session=True, **output)  # type: ignore[call-overload]
     stop.started(child)
     reader = watch.follow(child.stdout) if watch and child.stdout else None
-    told, repeated = False, 0
+    told, repeated, polls = False, 0, 0
     while True:
         try:
-            code = child.wait(timeout=0.5)
+            code = child.wait(timeout=POLL_S)
             break
         except subprocess.TimeoutExpired:
-            reap_orphans(keep=child.pid)
-            if watch:
-                watch.note_console()
+            stop.decide()
+            polls += 1
+            if polls % 5 == 0:  # every half second: what does not need to be prompt
+                reap_orphans(keep=child.pid)
+                if watch:
+                    watch.note_console()
             if stop.held_since is not None and not told:
                 say(f"stopping once verl has written the checkpoint it is saving (at most {save_grace_s:.0f} s)")
                 told = True
@@ -293,23 +316,41 @@ def run_attempt(
     left = end_leftovers(marker)
     if left:
         say(f"ended {left} process(es) verl left running")
-    if "RAY_ADDRESS" not in env:  # this attempt's Ray has ended with it; a cluster's Ray lives elsewhere
-        prune_ray_sessions(Path(env.get("RAY_TMPDIR") or RAY_TEMP), say)
+    sessions.attempt_ended(say)
     if reader:
         reader.join(timeout=5)  # its end of the pipe is closed once the last holder has gone
     return code
 
 
-def prune_ray_sessions(root: Path, say: Callable[[str], None]) -> None:
-    """Remove the session folders of Ray's that ended (logs, sockets, spilled objects), all but the newest: a week of
-    restarts piles them up in /tmp. Said only when /tmp is short of room afterwards."""
-    sessions = sorted(root.glob("session_2*"), key=lambda path: path.stat().st_mtime if path.exists() else 0)
-    for stale in sessions[:-1]:
-        shutil.rmtree(stale, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        free = shutil.disk_usage(root if root.exists() else root.parent).free
-        if free < TEMP_ROOM_BYTES:
-            say(f"note: {root.parent} has {free / 2**30:.1f} GiB free: the next Ray session (its logs) may not fit")
+class RaySessions:
+    """The session folders Ray makes for this train's attempts (logs, sockets, spilled objects): a week of restarts
+    piled them up in /tmp. After each attempt those of the attempts before it go; the last attempt's stay for its
+    logs. Folders this train did not see appear (another experiment's Ray in the same container) are left alone."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        # where Ray puts them: $RAY_TMPDIR/ray, else $TMPDIR/ray, else /tmp/ray (ray._private.utils)
+        self.root = Path(environ.get("RAY_TMPDIR") or environ.get("TMPDIR") or "/tmp") / "ray"
+        self._before: set[Path] = set()
+        self._last: list[Path] = []
+
+    def _present(self) -> set[Path]:
+        try:
+            return set(self.root.glob("session_2*"))
+        except OSError:
+            return set()
+
+    def attempt_starts(self) -> None:
+        self._before = self._present()
+
+    def attempt_ended(self, say: Callable[[str], None]) -> None:
+        """Remove the sessions of the attempts before this one, and say when their folder is short of room."""
+        for stale in self._last:
+            shutil.rmtree(stale, ignore_errors=True)
+        self._last = sorted(self._present() - self._before)
+        with contextlib.suppress(OSError):
+            free = shutil.disk_usage(self.root if self.root.exists() else self.root.parent).free
+            if free < TEMP_ROOM_BYTES:
+                say(f"note: {self.root} has {free / 2**30:.1f} GiB free: the next Ray session (its logs) may not fit")
 
 
 def processes_marked(marker: str) -> list[int]:
