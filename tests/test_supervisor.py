@@ -258,7 +258,9 @@ def test_a_crash_loop_under_compose_is_tried_again_on_its_own_after_the_pause(tm
         f"supervisor.HALT_FILE = Path({str(halt_file)!r})\n"
         f"count = Path({str(tmp_path / 'runs')!r})\n"
         "def looping(args):\n"
-        "    count.write_text(str(int(count.read_text() or 0) + 1 if count.exists() else 1))\n"
+        "    fresh = count.with_suffix('.new')\n"  # written whole, then renamed: the test reads it meanwhile
+        "    fresh.write_text(str(int(count.read_text()) + 1 if count.exists() else 1))\n"
+        "    fresh.replace(count)\n"
         "    raise RunHalted('verl failed (exit 1 after 1 s); 3 failures within 15 min: a crash loop')\n"
         "commands._train = looping\nfrom verlbox.cli import main\nsys.exit(main(['train']))\n"
     )
