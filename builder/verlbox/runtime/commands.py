@@ -129,9 +129,12 @@ def _let_go_of_a_dead_console() -> None:
 def _train(args: argparse.Namespace) -> int:
     from verlbox.runtime.training.memory_cap import gib_from_environment, parse_gib
     from verlbox.runtime.training.profile import chosen_profile
+    from verlbox.runtime.training.train import check_settings
 
-    # what was typed is checked first (a recipe given, its profile, the cap); then where train runs, before
-    # asking for a recipe nobody gave: on a host without the stack that would only lead astray
+    # what was typed is checked first (the settings compose passed from .env, a recipe given, its profile, the
+    # cap); then where train runs, before asking for a recipe nobody gave: on a host without the stack that would
+    # only lead astray
+    check_settings(os.environ)
     given = _given_spec(args)
     profile = chosen_profile(args.profile, os.environ, given) if given else None
     gib = (
