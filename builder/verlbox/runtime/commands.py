@@ -208,8 +208,8 @@ def _check_tokenizer_folder(model: Path) -> None:
 
 
 def fetch(args: argparse.Namespace) -> int:
-    """The model or GSM8K into --out, as `train` fetches it on first start; a folder that already holds it
-    is checked against its record instead."""
+    """The model or GSM8K into --out, as `train` fetches it on first start (or copied from --from DIR); a folder
+    that already holds it is checked against its record instead."""
     from verlbox.run_folder import find_run_folder
     from verlbox.runtime.training import hub
 
@@ -240,6 +240,12 @@ def fetch(args: argparse.Namespace) -> int:
         )
     else:
         target = run.fetch_target(args.what)
+    if args.source_folder:  # no hub asked: a folder on this machine, copied and checked
+        from verlbox.runtime.training.local_copy import copy_in
+
+        done = copy_in(source, Path(args.source_folder), target, lambda text: err.print(text, markup=False))
+        out.print(done, markup=False)
+        return 0
     done = hub.ensure(
         source,
         target,

@@ -148,7 +148,7 @@ class Record:
     repo: str
     repo_type: str
     revision: str  # as asked for: a branch, a tag or a commit
-    commit: str  # what it resolved to
+    commit: str  # what it resolved to; empty: not known (copied from a plain folder: fetch --from)
     endpoint: str
     files: tuple[FileEntry, ...]
 
@@ -156,7 +156,8 @@ class Record:
         return json.dumps({"format": RECORD_FORMAT, **asdict(self)}, indent=2) + "\n"
 
     def describe(self) -> str:
-        return f"{self.repo} at {self.commit[:12]}, {len(self.files)} files"
+        at = f"at {self.commit[:12]}" if self.commit else "(no commit known)"
+        return f"{self.repo} {at}, {len(self.files)} files"
 
 
 def read_record(folder: Path) -> Record | None:

@@ -536,8 +536,9 @@ def new_run(
         memory_cap_gib=gpu_memory_gib,
         driver=facts.driver_version if facts else None,
         model=str(model),
-        model_commit=fetched.commit if fetched else None,
-        data_commit=data_fetched.commit if data_fetched else None,
+        # a record without a commit: copied from a plain folder (fetch --from)
+        model_commit=(fetched.commit or None) if fetched else None,
+        data_commit=(data_fetched.commit or None) if data_fetched else None,
         data=run_record.file_hashes(data_files(overrides)),
     )
 
