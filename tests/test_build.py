@@ -9,7 +9,14 @@ import pytest
 from rich.console import Console
 
 from conftest import docker, run_verlbox
-from verlbox.host.building.build import _StepReporter, canceled, failure_excerpt, show_step, unreachable_registry
+from verlbox.host.building.build import (
+    StepCounts,
+    _StepReporter,
+    canceled,
+    failure_excerpt,
+    show_step,
+    unreachable_registry,
+)
 
 ECHO = 'process "/bin/bash -c bash /tmp/verlbox/steps/steps.sh pip verl ..." did not complete successfully'
 
@@ -116,3 +123,69 @@ def test_ci_s_summary_reads_every_kind_of_step_line_verlbox_build_writes() -> No
         )
     finally:
         del phases.builds[builds:]
+
+
+def test_a_long_step_says_its_elapsed_time_and_downloads_in_a_pipe() -> None:
+    """BuildKit's lines of a torch install as recorded: in a pipe (no status line) the running step is one line
+    a minute at most, with its elapsed time and what its output counted; the finished line stays as it was."""
+    said = io.StringIO()
+    console = Console(file=said, width=200)  # a StringIO is no terminal: what a pipe gets
+    now = [1000.0]
+    reporter = _StepReporter(console, verbose=False, clock=lambda: now[0])
+    for at, line in (
+        (0, "#8 [system 4/4] RUN --mount=type=cache,target=/root/.cache bash /tmp/verlbox/steps/steps.sh pip torch"),
+        (1, "#8 0.603   Downloading torch-2.6.0-cp311-cp311-manylinux1_x86_64.whl (766.7 MB)"),
+        (30, "#8 2.963   Downloading torchaudio-2.6.0-cp311-cp311-manylinux1_x86_64.whl (3.4 MB)"),
+        (65, "#8 3.116   Downloading fsspec-2026.9.0-py3-none-any.whl (221 kB)"),
+        (70, "#8 5.728      ━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 664.8/664.8 MB 177.9 MB/s"),
+        (100, "#8 70.10 Installing collected packages: torch, torchaudio, fsspec"),
+        (130, "#8 100.4 Successfully installed torch-2.6.0"),
+        (131, "#8 DONE 131.0s"),
+    ):
+        now[0] = 1000.0 + at
+        reporter.feed(line)
+    name = "[system 4/4] RUN steps.sh pip torch"
+    assert said.getvalue().splitlines() == [
+        f"       running  1m05s  {name}: 3 downloads (770.3 MB)",
+        f"       running  2m10s  {name}: 3 downloads (770.3 MB)",
+        f"   done 131.0s  {name}",
+    ]
+    assert reporter.running == {}
+
+
+def test_apt_s_archives_and_packages_and_compiled_units_are_counted() -> None:
+    apt = StepCounts()
+    for text in (
+        "Get:1 http://mirror.test/debian bookworm InRelease [151 kB]",
+        "Get:5 http://mirror.test/debian bookworm/main amd64 python3-minimal amd64 3.11.2-1+b1 [26.3 kB]",
+        "Get:6 http://mirror.test/debian bookworm/main amd64 libpython3.11 amd64 3.11.2-6 [1.9 MB]",
+        "Setting up python3-minimal (3.11.2-1+b1) ...",
+        "Setting up libpython3.11:amd64 (3.11.2-6) ...",
+        "Processing triggers for ca-certificates (20230311+deb12u1) ...",
+    ):
+        apt.feed(text)
+    assert apt.describe() == "3 downloads (2.1 MB), 2 packages set up"
+    ninja = StepCounts()
+    ninja.feed("[12/40] /usr/local/cuda/bin/nvcc -I/src/apex/csrc -c /src/apex/csrc/layer_norm_cuda_kernel.cu -o x.o")
+    assert ninja.describe() == "12/40 compiled"
+    plain = StepCounts()  # setuptools without ninja: one compiler run a file, the link not counted
+    for text in (
+        "x86_64-linux-gnu-gcc -Wno-unused-result -fPIC -Icsrc -c csrc/flatten_unflatten.cpp -o build/f.o",
+        "/usr/local/cuda/bin/nvcc -Icsrc -c csrc/multi_tensor_adam.cu -o build/m.o --use_fast_math",
+        "x86_64-linux-gnu-g++ -shared build/f.o build/m.o -o build/apex_C.so",
+    ):
+        plain.feed(text)
+    assert plain.describe() == "2 compiled"
+
+
+def test_on_a_terminal_the_status_line_ticks_and_shows_the_step_as_written() -> None:
+    said = io.StringIO()
+    console = Console(file=said, force_terminal=True, width=200)
+    reporter = _StepReporter(console, verbose=False)
+    with console.status("starting the build") as reporter.status:
+        reporter.feed("#8 [system 4/4] RUN steps.sh pip torch")
+        reporter.feed("#8 0.603   Downloading torch-2.6.0-cp311-cp311-manylinux1_x86_64.whl (766.7 MB)")
+        reporter.running["8"].started -= 75  # as if it had run 75 s: the status renders the time anew each refresh
+        console.print(reporter.running["8"])
+        reporter.feed("#8 DONE 75.2s")
+    assert "running 1m15s  [system 4/4] RUN steps.sh pip torch: 1 downloads (766.7 MB)" in said.getvalue()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_verlbox
 from verlbox.runtime.training import supervisor
 
 
@@ -172,3 +172,33 @@ def test_the_pkg_resources_warning_is_kept_out_of_the_services_consoles(tmp_path
         check=True,
     )
     assert "pkg_resources" not in shown.stderr and "another warning" in shown.stderr
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        ("VERLBOX_GPUS=0", "VERLBOX_GPUS"),  # compose drops a 0 and Docker then gives every GPU
+        ("HF_ENDPOINT=hf-mirror.com", "HF_ENDPOINT"),  # requests: "No scheme supplied", at the first download
+        ("VERLBOX_PROFILE=grpoo", "VERLBOX_PROFILE"),
+        ("VERLBOX_RESTART_FAILURES=three", "VERLBOX_RESTART_FAILURES"),
+        ("VERLBOX_GPU_MEMORY_GIB=24G", "VERLBOX_GPU_MEMORY_GIB"),
+        ("VERLBOX_PROGRESS=quiet", "VERLBOX_PROGRESS"),
+    ],
+)
+def test_train_refuses_a_bad_env_setting_first_naming_env_and_the_key(
+    tmp_path: Path, compose_cli, line: str, key: str
+) -> None:
+    """compose takes these values as they are (its `${VAR:?}` refuses only an empty one): train, given the
+    environment compose gives the service, refuses each as its first step, naming the key and .env, exit 2."""
+    (tmp_path / ".env").write_text(line + "\n")
+    result = compose_config(tmp_path, {})
+    assert result.returncode == 0, result.stderr
+    passed = json.loads(result.stdout)["services"]["train"]["environment"]
+    with pytest.MonkeyPatch.context() as patch:  # this process's own settings stay out: the service's only
+        for name in os.environ:
+            if name.startswith(("VERLBOX_", "HF_")):
+                patch.delenv(name)
+        refused = run_verlbox("train", "--recipe", "p40-cu124", "--on-halt", "exit", env=passed)
+    assert refused.returncode == 2, refused.stderr
+    [said] = refused.stderr.replace("'", "").splitlines()  # the memory cap's value is quoted
+    assert said.startswith(f"verlbox: error: {line} from .env (or the shell docker compose ran in): "), said

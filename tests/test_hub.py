@@ -40,6 +40,7 @@ from test_data import hide_modules
 from verlbox.errors import UsageError
 from verlbox.host.recipes.recipe import load_recipe
 from verlbox.runtime.training import hub, preflight, train
+from verlbox.runtime.training.environment import SETTINGS_SOURCE
 from verlbox.runtime.training.hub import RECORD, FetchError, Hub, Source
 from verlbox.runtime.training.preflight import GpuDevice, GpuFacts
 from verlbox.runtime.training.profile import Topology, TrainingPlan
@@ -292,6 +293,27 @@ def test_empty_settings_mean_unset() -> None:
     assert Hub.from_environment({"HF_ENDPOINT": "http://mirror:8080/", "HF_HUB_OFFLINE": "yes"}) == Hub(
         "http://mirror:8080", None, True
     )
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "shown", "such_as"),
+    [
+        ("hf-mirror.com", "hf-mirror.com", "https://hf-mirror.com"),
+        ("user:s3cret@hf-mirror.com", "hf-mirror.com", "https://hf-mirror.com"),  # the login never shown
+        ("ftp://mirror", "ftp://mirror", "https://huggingface.co"),
+        ("https://", "https:", "https://huggingface.co"),  # a trailing / is dropped before the check
+    ],
+)
+def test_an_endpoint_that_is_no_http_url_is_refused_naming_the_setting(endpoint: str, shown: str, such_as: str) -> None:
+    """huggingface_hub would take it and requests say "No scheme supplied" at the first download, naming neither
+    the setting nor where it was set."""
+    expected = f"expected the hub's or a mirror's URL, http:// or https:// and a host, such as {such_as}"
+    with pytest.raises(UsageError) as refused:
+        Hub.from_environment({"HF_ENDPOINT": endpoint})
+    assert str(refused.value) == f"HF_ENDPOINT={shown}: {expected}"
+    with pytest.raises(UsageError) as from_compose:
+        Hub.from_environment({"HF_ENDPOINT": endpoint, SETTINGS_SOURCE: ".env"})
+    assert str(from_compose.value) == f"HF_ENDPOINT={shown} from .env: {expected}"
 
 
 def test_a_later_start_checks_the_record_without_the_hub(stand_in: StandInHub, tmp_path: Path) -> None:

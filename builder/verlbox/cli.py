@@ -167,7 +167,11 @@ EXAMPLES = {
     "train": ["verlbox train --dry-run", "verlbox train --profile grpo trainer.total_epochs=2"],
     "smoke-checks": ["verlbox smoke-checks", "verlbox smoke-checks --gpu --json -"],
     "prepare-data": ["verlbox prepare-data gsm8k --source data/gsm8k-raw --out data/gsm8k"],
-    "fetch": ["verlbox fetch model", "verlbox fetch data --run ~/run"],
+    "fetch": [
+        "verlbox fetch model",
+        "verlbox fetch data --run ~/run",
+        "verlbox fetch model --from ~/.cache/huggingface/hub   # offline: the Hugging Face cache",
+    ],
     "patch-verl": ["verlbox patch-verl /opt/venv/lib/python3.11/site-packages"],
     "tensorboard": ["verlbox tensorboard --logdir /checkpoints   # what `docker compose up -d tensorboard` runs"],
 }
@@ -431,6 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument(
         "--revision",
         help="a branch, tag or commit (default: $VERLBOX_MODEL_REVISION / $VERLBOX_DATA_REVISION, else main)",
+    )
+    fetch.add_argument(
+        "--from",
+        dest="source_folder",
+        metavar="DIR",
+        help="no hub: copy from a folder here, checked: one `fetch` filled, the Hugging Face cache "
+        "(~/.cache/huggingface/hub, its models--ORG--NAME or a snapshot) or a plain model folder",
     )
 
     for name in ("shell", "fetch", "runs", "report", "clean"):

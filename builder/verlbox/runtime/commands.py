@@ -133,9 +133,12 @@ def _let_go_of_a_dead_console() -> None:
 def _train(args: argparse.Namespace) -> int:
     from verlbox.runtime.training.memory_cap import gib_from_environment, parse_gib
     from verlbox.runtime.training.profile import chosen_profile
+    from verlbox.runtime.training.train import check_settings
 
-    # what was typed is checked first (a recipe given, its profile, the cap); then where train runs, before
-    # asking for a recipe nobody gave: on a host without the stack that would only lead astray
+    # what was typed is checked first (the settings compose passed from .env, a recipe given, its profile, the
+    # cap); then where train runs, before asking for a recipe nobody gave: on a host without the stack that would
+    # only lead astray
+    check_settings(os.environ)
     given = _given_spec(args)
     profile = chosen_profile(args.profile, os.environ, given) if given else None
     gib = (
@@ -209,8 +212,8 @@ def _check_tokenizer_folder(model: Path) -> None:
 
 
 def fetch(args: argparse.Namespace) -> int:
-    """The model or GSM8K into --out, as `train` fetches it on first start; a folder that already holds it
-    is checked against its record instead."""
+    """The model or GSM8K into --out, as `train` fetches it on first start (or copied from --from DIR); a folder
+    that already holds it is checked against its record instead."""
     from verlbox.run_folder import find_run_folder
     from verlbox.runtime.training import hub
 
@@ -241,6 +244,12 @@ def fetch(args: argparse.Namespace) -> int:
         )
     else:
         target = run.fetch_target(args.what)
+    if args.source_folder:  # no hub asked: a folder on this machine, copied and checked
+        from verlbox.runtime.training.local_copy import copy_in
+
+        done = copy_in(source, Path(args.source_folder), target, lambda text: err.print(text, markup=False))
+        out.print(done, markup=False)
+        return 0
     done = hub.ensure(
         source,
         target,

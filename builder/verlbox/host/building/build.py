@@ -11,13 +11,14 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 from rich.status import Status
+from rich.text import Text
 
 from verlbox.errors import BuildError, VerlboxError
 from verlbox.host.building.clamp import clamp_image
@@ -36,6 +37,18 @@ _STEP_ERROR = re.compile(r"^#(\d+) ERROR: ")
 _ECHOED_COMMAND = re.compile(r'process ".*" did not complete successfully')
 # BuildKit's running count of an export (a bundle's files, an image's layers)
 _STEP_PROGRESS = re.compile(r"^#(\d+) ((?:copying files|sending tarball|transferring|writing layer) .+)$")
+# a running step's own output: `#ID SECONDS-SINCE-THE-STEP-STARTED TEXT`
+_STEP_OUTPUT = re.compile(r"^#(\d+) ([0-9.]+) (.*)$")
+# what the installers and compilers print that can be counted: pip's and uv's downloads with their sizes, apt's
+# archives (`Get:N ... [SIZE]`) and the packages it sets up, ninja's `[DONE/TOTAL]` and a compiler run per file
+_DOWNLOAD = re.compile(r"^\s*Downloading \S+ \(([0-9.]+) ?([kMG]i?B|B)\)")
+_APT_GET = re.compile(r"^Get:\d+ .* \[([0-9.]+) ([kMG]?B)\]$")
+_APT_SET_UP = re.compile(r"^Setting up \S+ \(")
+_NINJA = re.compile(r"^\[(\d+)/(\d+)\] ")
+_COMPILER_RUN = re.compile(r"^\S*(?:gcc|g\+\+|c\+\+|nvcc)\s.*\s-c\s+\S+\.(?:c|cc|cpp|cu)\b")
+_UNITS = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+# in a pipe (no status line), a running step says how far it has got at most this often
+PIPE_EVERY_S = 60.0
 # buildx's last word when Ctrl-C stopped it before verlbox saw the interrupt itself (a failed step also cancels
 # the steps beside it, but then the last word is that step's error)
 _CANCELED = re.compile(r"^ERROR: failed to solve: (?:Canceled: )?context canceled\s*$", re.MULTILINE)
@@ -120,13 +133,79 @@ def log_directory() -> Path:
     return base / "verlbox" / "build-logs"
 
 
-class _StepReporter:
-    """Turns BuildKit's plain progress into one line per finished step (or every line with `plain`)."""
+@dataclass
+class StepCounts:
+    """What a running step's output lets one count: downloads and their bytes, Debian packages set up, units
+    compiled (ninja's own DONE/TOTAL, or one compiler run a file)."""
 
-    def __init__(self, console: Console, verbose: bool) -> None:
+    downloads: int = 0
+    download_bytes: float = 0.0
+    packages: int = 0
+    compiled: int = 0
+    compile_total: int | None = None
+
+    def feed(self, text: str) -> None:
+        if download := _DOWNLOAD.match(text) or _APT_GET.match(text):
+            self.downloads += 1
+            self.download_bytes += float(download.group(1)) * _UNITS[download.group(2)]
+        elif _APT_SET_UP.match(text):
+            self.packages += 1
+        elif ninja := _NINJA.match(text):
+            self.compiled, self.compile_total = int(ninja.group(1)), int(ninja.group(2))
+        elif _COMPILER_RUN.match(text):
+            self.compiled += 1
+
+    def describe(self) -> str:
+        said = []
+        if self.downloads:
+            said.append(f"{self.downloads} downloads ({_size(self.download_bytes)})")
+        if self.packages:
+            said.append(f"{self.packages} packages set up")
+        if self.compiled:
+            said.append(f"{self.compiled}{f'/{self.compile_total}' if self.compile_total else ''} compiled")
+        return ", ".join(said)
+
+
+def _size(count: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count:.0f} B"
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+@dataclass
+class _Running:
+    """A step under way: when it started here, what its output counted, when a pipe was last told of it."""
+
+    name: str
+    started: float
+    counts: StepCounts = field(default_factory=StepCounts)
+    said_at: float = 0.0
+
+    def line(self, now: float) -> str:
+        counts = self.counts.describe()
+        return f"{_elapsed(now - self.started)}  {self.name[:90]}{f': {counts}' if counts else ''}"
+
+    def __rich__(self) -> Text:  # the status line renders this anew at every refresh: the elapsed time ticks
+        return Text(f"running {self.line(time.monotonic())}")  # `[system 4/4]` is no markup
+
+
+class _StepReporter:
+    """Turns BuildKit's plain progress into one line per finished step (or every line with `plain`). A running
+    step shows its elapsed time and what its output counts: on a terminal in the status line, in a pipe as a
+    `running` line at most every PIPE_EVERY_S seconds."""
+
+    def __init__(self, console: Console, verbose: bool, clock: Callable[[], float] = time.monotonic) -> None:
         self.console = console
         self.verbose = verbose
+        self.clock = clock
         self.steps: dict[str, StepTiming] = {}
+        self.running: dict[str, _Running] = {}
         # on a terminal, the step now running shows under the finished ones (rich hides it elsewhere)
         self.status: Status | None = None
 
@@ -136,12 +215,25 @@ class _StepReporter:
             return
         if start := _STEP_START.match(line):
             step = self.steps.setdefault(start.group(1), StepTiming(" ".join(_NOISE.sub("", start.group(2)).split())))
+            running = self.running.setdefault(start.group(1), _Running(step.name, self.clock()))
+            running.said_at = running.started
             if self.status is not None:
-                self.status.update(f"running {step.name[:100]}")
+                self.status.update(running)
+        elif (output := _STEP_OUTPUT.match(line)) and (running := self.running.get(output.group(1))):
+            running.counts.feed(output.group(3))
+            now = self.clock()
+            if self.status is not None:
+                self.status.update(running)
+            if not self.console.is_terminal and now - running.said_at >= PIPE_EVERY_S:
+                running.said_at = now
+                show_step(self.console, "running", running.line(now))
         elif (moving := _STEP_PROGRESS.match(line)) and moving.group(1) in self.steps:
             if self.status is not None:  # a 3 GB export: how far it has got, not a still spinner
                 self.status.update(f"{self.steps[moving.group(1)].name[:80]}: {moving.group(2)}")
         elif (end := _STEP_END.match(line)) and end.group(1) in self.steps:
+            self.running.pop(end.group(1), None)
+            if self.status is not None:  # a finished step's time must not tick on: another one still running
+                self.status.update(next(reversed(self.running.values()), "building"))
             step = self.steps[end.group(1)]
             outcome = end.group(2)
             step.cached = outcome == "CACHED"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from verlbox.dotenv import dotenv_values
 from verlbox.errors import UsageError
-
-GPUS_VARIABLE = "VERLBOX_GPUS"  # compose.yaml: every service's `count: ${VERLBOX_GPUS:-1}`
+from verlbox.runtime.training.environment import GPUS as GPUS_VARIABLE
+from verlbox.runtime.training.environment import gpu_count_ok
 
 
 def compose_setting(variable: str, project: Path, environ: Mapping[str, str]) -> tuple[str | None, str]:
@@ -27,7 +27,7 @@ def compose_setting(variable: str, project: Path, environ: Mapping[str, str]) ->
 def check_gpu_count(project: Path, environ: Mapping[str, str]) -> None:
     """VERLBOX_GPUS is unset or empty (compose's default: 1), a whole number >= 1, or `all`."""
     value, where = compose_setting(GPUS_VARIABLE, project, environ)
-    if not value or value == "all" or (value.isdigit() and value.isascii() and int(value) >= 1):
+    if gpu_count_ok(value):  # the rule train applies to the value compose passes it
         return
     raise UsageError(
         f"{GPUS_VARIABLE}={value!r} (from {where}): expected how many GPUs train reserves, a whole number >= 1, "

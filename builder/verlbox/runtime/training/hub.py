@@ -28,11 +28,16 @@ from verlbox import __version__
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.files import unreadable_folder, write_atomically
 from verlbox.runtime.steps.urls import redact, split_userinfo
+from verlbox.runtime.training.environment import origin, setting
 
 RECORD = "verlbox-fetch.json"
 RECORD_FORMAT = 1
 STAGING_SUFFIX = ".partial"
 DEFAULT_ENDPOINT = "https://huggingface.co"
+# what huggingface_hub can ask: a scheme it speaks, then a host
+ENDPOINT = re.compile(r"https?://[^/?#\s]+(/\S*)?", re.IGNORECASE)
+# a host (and port, path) with the scheme left out: the message suggests it with https://
+BARE_HOST = re.compile(r"[\w.-]+(:[0-9]+)?(/\S*)?")
 DEFAULT_REVISION = "main"
 DEFAULT_REPOS = {"model": "Qwen/Qwen2.5-0.5B-Instruct", "data": "openai/gsm8k"}
 REPO_TYPES = {"model": "model", "data": "dataset"}
@@ -110,7 +115,15 @@ class Hub:
         try:
             split_userinfo(endpoint)
         except ValueError as error:  # its message shows no part of the URL
-            raise UsageError(f"HF_ENDPOINT: {error}") from None
+            raise UsageError(f"HF_ENDPOINT{origin(environ)}: {error}") from None
+        if not ENDPOINT.fullmatch(endpoint):
+            # requests would say only "No scheme supplied", deep in the first download; shown without a login
+            shown = endpoint.rpartition("@")[2]
+            such_as = f"https://{shown}" if BARE_HOST.fullmatch(shown) else DEFAULT_ENDPOINT
+            raise UsageError(
+                f"{setting(environ, 'HF_ENDPOINT', shown)}: expected the hub's or a mirror's URL, http:// or https:// "
+                f"and a host, such as {such_as}"
+            )
         return cls(
             endpoint,
             environ.get("HF_TOKEN") or None,
@@ -135,7 +148,7 @@ class Record:
     repo: str
     repo_type: str
     revision: str  # as asked for: a branch, a tag or a commit
-    commit: str  # what it resolved to
+    commit: str  # what it resolved to; empty: not known (copied from a plain folder: fetch --from)
     endpoint: str
     files: tuple[FileEntry, ...]
 
@@ -143,7 +156,8 @@ class Record:
         return json.dumps({"format": RECORD_FORMAT, **asdict(self)}, indent=2) + "\n"
 
     def describe(self) -> str:
-        return f"{self.repo} at {self.commit[:12]}, {len(self.files)} files"
+        at = f"at {self.commit[:12]}" if self.commit else "(no commit known)"
+        return f"{self.repo} {at}, {len(self.files)} files"
 
 
 def read_record(folder: Path) -> Record | None:

@@ -15,25 +15,27 @@ from pathlib import Path
 from types import ModuleType
 
 from verlbox.errors import UsageError
+from verlbox.runtime.training.environment import origin
 
 SITECUSTOMIZE_DIR = Path(__file__).parent / "memcap"
 VARIABLE = "VERLBOX_GPU_MEMORY_GIB"
 
 
-def parse_gib(text: str, source: str = VARIABLE) -> float:
-    """A positive number of GiB, e.g. '24' or '22.5'; anything else is named and refused."""
+def parse_gib(text: str, source: str = VARIABLE, where: str = "") -> float:
+    """A positive number of GiB, e.g. '24' or '22.5'; anything else is named (SOURCE, and WHERE it was set) and
+    refused."""
     try:
         gib = float(text)
     except ValueError:
         gib = float("nan")
     if not gib > 0 or gib == float("inf"):
-        raise UsageError(f"{source}={text!r}: expected a positive number of GiB such as 24 (no unit)")
+        raise UsageError(f"{source}={text!r}{where}: expected a positive number of GiB such as 24 (no unit)")
     return gib
 
 
 def gib_from_environment(environ: Mapping[str, str]) -> float | None:
     value = environ.get(VARIABLE, "").strip()
-    return parse_gib(value) if value else None
+    return parse_gib(value, VARIABLE, origin(environ)) if value else None
 
 
 def _apply(cuda: ModuleType, gib: float) -> None:

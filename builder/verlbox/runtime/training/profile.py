@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from verlbox.errors import UsageError
 from verlbox.runtime.gpu import GpuCapability, capability_for, rollout_backend
+from verlbox.runtime.training.environment import setting
 from verlbox.runtime.training.spec import ImageSpec
 
 # the profile a run uses instead of its recipe's (compose's .env sets it)
@@ -67,12 +68,14 @@ def profile_names() -> list[str]:
 PROFILE_ALIASES = {"ppo": "p40"}
 
 
-def known_profile(name: str) -> str:
+def known_profile(name: str, named_by: str | None = None) -> str:
+    """NAME, an alias resolved; unknown: a UsageError that starts with NAMED_BY (the setting that gave it)."""
     names = profile_names()
     name = PROFILE_ALIASES.get(name, name)
     if name not in names:  # looked up among the files, never joined into a path
         aliases = ", ".join(f"{alias} = {target}" for alias, target in PROFILE_ALIASES.items())
-        raise UsageError(f"no training profile named {name!r}: verlbox has {', '.join(names)} ({aliases})")
+        where = f"{named_by}: " if named_by else ""
+        raise UsageError(f"{where}no training profile named {name!r}: verlbox has {', '.join(names)} ({aliases})")
     return name
 
 
@@ -82,8 +85,12 @@ def load_profile(name: str) -> Profile:
 
 def chosen_profile(flag: str | None, environ: Mapping[str, str], spec: ImageSpec) -> str:
     """The flag's profile, else VERLBOX_PROFILE's, else the recipe's own (PPO for the shipped recipes)."""
-    # an unknown name is refused before anything else is checked
-    return known_profile(flag or environ.get(PROFILE_VARIABLE) or spec.profile)
+    # an unknown name is refused before anything else is checked, naming the setting (and .env) it came from
+    if flag:
+        return known_profile(flag)
+    if environ.get(PROFILE_VARIABLE):
+        return known_profile(environ[PROFILE_VARIABLE], setting(environ, PROFILE_VARIABLE))
+    return known_profile(spec.profile)
 
 
 class TrainingPlan:

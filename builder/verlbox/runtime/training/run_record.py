@@ -67,7 +67,7 @@ class Run(Loose):
     memory_cap_gib: float | None = None  # --gpu-memory-gib: the limit each process had, below the card's
     driver: str | None
     model: str
-    model_commit: str | None  # from the model's fetch record; None for a folder filled by hand
+    model_commit: str | None  # from the model's fetch record; None for a folder filled by hand or copied from one
     data_commit: str | None = None  # the GSM8K download's fetched commit, likewise
     data: dict[str, str]  # parquet file -> sha256
 

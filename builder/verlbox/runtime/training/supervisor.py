@@ -25,7 +25,7 @@ from types import FrameType
 
 from verlbox.errors import RunHalted, UsageError
 from verlbox.runtime.training.console import ConsoleGuard
-from verlbox.runtime.training.environment import number
+from verlbox.runtime.training.environment import number, setting
 from verlbox.runtime.training.progress import RunWatch
 
 # compose's healthcheck looks for it: a halted run shows as unhealthy in `docker compose ps`
@@ -422,7 +422,9 @@ def holds(environ: Mapping[str, str], on_halt: str | None = None) -> bool:
     before the flag set in compose's environment."""
     value = on_halt or environ.get(ON_HALT, "exit")
     if value not in ("exit", "wait"):
-        raise UsageError(f"{ON_HALT}={value}: expected exit (the default) or wait (compose: no restart into it)")
+        raise UsageError(
+            f"{setting(environ, ON_HALT, value)}: expected exit (the default) or wait (compose: no restart into it)"
+        )
     return value == "wait"
 
 

@@ -55,6 +55,7 @@ RUN_FOLDER_MOUNTS = {Path("/models"): "models", Path("/data"): "data"}
 RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 RAY_OVERRIDE_JOB_ENV = "RAY_OVERRIDE_JOB_RUNTIME_ENV"
 PROGRESS_MODE = "VERLBOX_PROGRESS"
+CLUSTER_WAIT = "VERLBOX_CLUSTER_WAIT_S"
 NVIDIA_SMI_TIMEOUT_S = 60
 # `nvidia-smi -L`: "GPU 0: Tesla P40 (UUID: GPU-...)"; MIG devices are indented lines under their GPU
 LISTED_GPU = re.compile(r"^GPU \d+: .*\(UUID: (GPU-[^)\s]+)\)")
@@ -140,7 +141,7 @@ def resolve_topology(
         return Topology(gpus_per_node, nodes or 1, "given")
     if address:
         if nodes:
-            wait_s = environment.number(environ, "VERLBOX_CLUSTER_WAIT_S", 600, minimum=0)
+            wait_s = environment.number(environ, CLUSTER_WAIT, 600, minimum=0)
             cluster.wait_for_nodes(nodes, wait_s, console)
         found = cluster.cluster_topology(address)
     else:
@@ -439,10 +440,24 @@ def supervised_run(
         console_guard.settle()  # the run's last lines reach the console before train goes on, unless it blocks
 
 
-def progress_mode(environ: dict[str, str]) -> str:
+def check_settings(environ: Mapping[str, str]) -> None:
+    """The settings compose passed from .env, checked as train's first step: a bad one is named with its key and
+    where it was set (exit 2), not met later as a GPU reserved by a 0, a preflight failure or a client's error
+    deep in a download. The profile and the memory cap are checked as they are read (commands.train)."""
+    environment.check_gpu_count(environ)
+    hub.Hub.from_environment(environ)
+    supervisor.RestartPolicy.from_environment(environ)
+    progress_mode(environ)
+    environment.number(environ, CLUSTER_WAIT, 600, minimum=0)
+
+
+def progress_mode(environ: Mapping[str, str]) -> str:
     mode = environ.get(PROGRESS_MODE) or "compact"
     if mode not in ("compact", "plain"):
-        raise UsageError(f"{PROGRESS_MODE}={mode}: expected compact (the default) or plain (verl's own lines)")
+        raise UsageError(
+            f"{environment.setting(environ, PROGRESS_MODE, mode)}: expected compact (the default) or plain "
+            "(verl's own lines)"
+        )
     return mode
 
 
@@ -521,8 +536,9 @@ def new_run(
         memory_cap_gib=gpu_memory_gib,
         driver=facts.driver_version if facts else None,
         model=str(model),
-        model_commit=fetched.commit if fetched else None,
-        data_commit=data_fetched.commit if data_fetched else None,
+        # a record without a commit: copied from a plain folder (fetch --from)
+        model_commit=(fetched.commit or None) if fetched else None,
+        data_commit=(data_fetched.commit or None) if data_fetched else None,
         data=run_record.file_hashes(data_files(overrides)),
     )
 
