@@ -14,11 +14,11 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from tests.test_progress import RECORDED, TRAIN
+from tests.test_progress import RECORDED
 
 from verlbox.runtime.training import checkpoints
 from verlbox.runtime.training.progress import Progress, RunWatch
@@ -185,19 +185,18 @@ sys.exit(train.train(spec, json.loads(sys.argv[2]), dry_run=False, gpu_memory_gi
 """
 
 
-def start_train(tmp_path: Path, verl: list[str], **env: str) -> subprocess.Popen[str]:
+def start_train(tmp_path: Path, verl: list[str], overrides: Sequence[str] = (), **env: str) -> subprocess.Popen[str]:
     """`verlbox train` (its GPU and preflight faked) supervising VERL, on the experiment tmp_path/checkpoints/run."""
     model = tmp_path / "model"
-    user = [f"actor_rollout_ref.model.path={model}", f"critic.model.path={model}"]
-    environ = dict(
-        os.environ,
-        VERLBOX_CHECKPOINT_DIR=str(tmp_path / "checkpoints"),
-        VERLBOX_EXPERIMENT="run",
-        VERLBOX_SKIP_DISK_CHECK="1",
-        VERLBOX_SAVE_GRACE_S="60",
-        COLUMNS="200",
+    user = [f"actor_rollout_ref.model.path={model}", f"critic.model.path={model}", *overrides]
+    environ = os.environ | {
+        "VERLBOX_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+        "VERLBOX_EXPERIMENT": "run",
+        "VERLBOX_SKIP_DISK_CHECK": "1",
+        "VERLBOX_SAVE_GRACE_S": "60",
+        "COLUMNS": "200",
         **env,
-    )
+    }
     environ.pop("RAY_ADDRESS", None)
     return subprocess.Popen(
         [sys.executable, "-c", TRAIN_ANY, json.dumps(verl), json.dumps(user)],
@@ -326,21 +325,8 @@ def test_a_stop_during_a_save_ends_once_it_is_on_disk_without_the_console_logger
     """trainer.logger=[tensorboard]: no step line ever comes. docker stop during the save is held until the
     save is written, then passed on at once, not after the whole grace period."""
     (tmp_path / "fake_verl.py").write_text(FAKE_VERL_WITHOUT_CONSOLE_LOGGER)
-    model = tmp_path / "model"
-    user = [f"actor_rollout_ref.model.path={model}", f"critic.model.path={model}", "trainer.logger=[tensorboard]"]
-    env = dict(
-        os.environ,
-        VERLBOX_CHECKPOINT_DIR=str(tmp_path / "checkpoints"),
-        VERLBOX_EXPERIMENT="run",
-        VERLBOX_SKIP_DISK_CHECK="1",
-        VERLBOX_SAVE_GRACE_S="120",
-        COLUMNS="200",
-    )
-    env.pop("RAY_ADDRESS", None)
-    command = [sys.executable, "-c", TRAIN, str(tmp_path / "fake_verl.py"), str(tmp_path), str(RECORDED)]
-    process = subprocess.Popen(
-        [*command, json.dumps(user)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    verl = [sys.executable, str(tmp_path / "fake_verl.py"), str(tmp_path), str(RECORDED)]
+    process = start_train(tmp_path, verl, ["trainer.logger=[tensorboard]"], VERLBOX_SAVE_GRACE_S="120")
     deadline = time.monotonic() + 60
     while not (tmp_path / "saving").exists():
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
