@@ -408,7 +408,16 @@ def test_ctrl_c_ends_a_download_at_once_and_the_same_command_resumes_it(stand_in
     out = tmp_path / "model"
     env = os.environ | {"HF_ENDPOINT": stand_in.endpoint, "HF_HOME": str(tmp_path / "hf")}
     command = [sys.executable, "-m", "verlbox.cli", "fetch", "model", "--out", str(out)]
-    fetching = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # as from a terminal: a shell's background job (CI runs these tests as one) starts with SIGINT ignored, and
+    # Python then installs no KeyboardInterrupt for it
+    fetching = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     partial = tmp_path / "model.partial"
     deadline = time.monotonic() + 60
     while sum(path.stat().st_size for path in partial.rglob("*.incomplete")) < 10 << 20:
