@@ -48,7 +48,7 @@ HANDLERS = {
     "verify": (
         "verlbox.host.commands",
         "verify",
-        "compare a built image with its recipe's lock; name every difference",
+        "compare a built image with its recipe's lock and every file with its build's record; name every difference",
     ),
     "images": (
         "verlbox.host.runs.images",
