@@ -111,3 +111,23 @@ def test_the_bytes_of_named_files_are_kept_as_the_top_layer_left_them() -> None:
     apply(image, read_layer(_layer(("a/status", b"new"), ("b/.wh.status", b""), ("c/status", "->d")), keep))
     assert image.kept == {"a/status": b"new"}
     assert image.lines["a/status"] == _file(b"new")
+
+
+def test_an_extended_attribute_is_part_of_the_line() -> None:
+    """A file capability added to a program (setcap) changes what it may do, not its bytes or mode."""
+    plain, capable = io.BytesIO(), io.BytesIO()
+    for out, headers in ((plain, {}), (capable, {"SCHILY.xattr.security.capability": "\x01\x00\x00\x02"})):
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            info = tarfile.TarInfo("usr/bin/python3")
+            info.size, info.mode, info.pax_headers = 3, 0o755, headers
+            tar.addfile(info, io.BytesIO(b"elf"))
+        out.seek(0)
+    was, now = (read_layer(out).entries["usr/bin/python3"] for out in (plain, capable))
+    assert was == f"file 0755 0:0 sha256:{hashlib.sha256(b'elf').hexdigest()}"
+    value = hashlib.sha256(b"\x01\x00\x00\x02").hexdigest()[:16]
+    short = hashlib.sha256(b"elf").hexdigest()[:12]
+    assert now == f"file 0755 0:0 xattr:security.capability={value} sha256:{hashlib.sha256(b'elf').hexdigest()}"
+    assert file_differences({"usr/bin/python3": was}, {"usr/bin/python3": now}) == [
+        f"file /usr/bin/python3: changed since the build (file 0755 0:0 xattr:security.capability={value} sha256 "
+        f"{short}, built file 0755 0:0 sha256 {short})"
+    ]

@@ -1,12 +1,12 @@
 """An image's files read from outside, with nothing of the image run: `docker image save` streamed, each layer's
 tar read by this verlbox's Python and its whiteouts applied in layer order, as the engine would mount them.
 
-Each path (relative to /) maps to one line that says what a file can do when it runs or is read: its kind, mode
-and owner, and the sha256 of a file's bytes, a link's target or a device's numbers. File times are left out:
-an online build dates every file it writes, and a time changes nothing a file does. A hard link is its target's
-line (the same bytes). Two images whose lines are equal hold the same files, whatever their layers. The bytes of a
-few small files a caller names (KEEP) are kept too: what verify reads versions from (dpkg's status, each
-distribution's METADATA), taken from the same stream as their lines, so that what is read is what is hashed.
+Each path (relative to /) maps to one line that says what a file can do when it runs or is read: its kind, mode,
+owner and extended attributes, and the sha256 of a file's bytes, a link's target or a device's numbers. File times
+are left out: an online build dates every file it writes, and a time changes nothing a file does. A hard link is
+its target's line (the same bytes). Two images whose lines are equal hold the same files, whatever their layers.
+The bytes of a few small files a caller names (KEEP) are kept too: what verify reads versions from (dpkg's status,
+each distribution's METADATA), taken from the same stream as their lines, so that what is read is what is hashed.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ CHUNK = 1 << 20
 NAMES = {"encoding": "utf-8", "errors": "surrogateescape"}
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
+XATTR = "SCHILY.xattr."  # how a pax header carries an extended attribute (Docker's layers use it)
 
 
 @dataclass
@@ -60,9 +61,20 @@ def _path(name: str) -> str:
     return posixpath.normpath("/" + name).lstrip("/")
 
 
+def _xattrs(member: tarfile.TarInfo) -> str:
+    """MEMBER's extended attributes, each by name and the sha256 of its value: a file capability
+    (security.capability) gives a program privileges its mode does not show."""
+    found = sorted(
+        (key[len(XATTR) :], hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16])
+        for key, value in member.pax_headers.items()
+        if key.startswith(XATTR)
+    )
+    return "".join(f" xattr:{name}={digest}" for name, digest in found)
+
+
 def _line(member: tarfile.TarInfo, stream: IO[bytes] | None, kept: list[bytes] | None = None) -> str:
     """MEMBER's line; a file's bytes are appended to KEPT where it is given."""
-    owner = f"{member.mode & 0o7777:04o} {member.uid}:{member.gid}"
+    owner = f"{member.mode & 0o7777:04o} {member.uid}:{member.gid}{_xattrs(member)}"
     if member.isreg():
         assert stream is not None
         digest = hashlib.sha256()
@@ -74,7 +86,7 @@ def _line(member: tarfile.TarInfo, stream: IO[bytes] | None, kept: list[bytes] |
     if member.isdir():
         return f"dir {owner}"
     if member.issym():
-        return f"symlink -> {member.linkname}"
+        return f"symlink{_xattrs(member)} -> {member.linkname}"
     if member.ischr() or member.isblk():
         return f"{'char' if member.ischr() else 'block'} {owner} {member.devmajor},{member.devminor}"
     return f"fifo {owner}"
