@@ -270,6 +270,7 @@ def test_a_crash_loop_under_compose_is_tried_again_on_its_own_after_the_pause(tm
     assert process.stderr.readline().startswith("verlbox: error: verl failed")
     assert "tried again on its own in 1 s" in process.stderr.readline()
     deadline = time.monotonic() + 30
+
     def halt_record() -> str:  # each try clears the halt file, and the next halt writes it again
         try:
             return halt_file.read_text()
