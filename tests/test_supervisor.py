@@ -267,22 +267,28 @@ def test_a_crash_loop_under_compose_is_tried_again_on_its_own_after_the_pause(tm
     env = dict(os.environ, VERLBOX_ON_HALT="wait", VERLBOX_HALT_RETRY_S="1")
     process = subprocess.Popen([sys.executable, "-c", program], env=env, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
-    assert process.stderr.readline().startswith("verlbox: error: verl failed")
-    assert "tried again on its own in 1 s" in process.stderr.readline()
-    deadline = time.monotonic() + 30
+    try:
+        assert process.stderr.readline().startswith("verlbox: error: verl failed")
+        assert "tried again on its own in 1 s" in process.stderr.readline()
+        deadline = time.monotonic() + 30
 
-    def halt_record() -> str:  # each try clears the halt file, and the next halt writes it again
-        try:
-            return halt_file.read_text()
-        except FileNotFoundError:
-            return ""
+        def halt_record() -> str:  # each try clears the halt file, and the next halt writes it again
+            try:
+                return halt_file.read_text()
+            except FileNotFoundError:
+                return ""
 
-    while not (tmp_path / "runs").exists() or runs(tmp_path) < 3 or "tried again on its own at " not in halt_record():
-        assert process.poll() is None and time.monotonic() < deadline, halt_record()
-        time.sleep(0.05)
-    process.terminate()
-    assert process.wait(timeout=10) == RUN_HALTED
-    assert "the halt's pause is over: starting the run again" in process.stderr.read()
+        while (
+            not (tmp_path / "runs").exists() or runs(tmp_path) < 3 or "tried again on its own at " not in halt_record()
+        ):
+            assert process.poll() is None and time.monotonic() < deadline, halt_record()
+            time.sleep(0.05)
+        process.terminate()
+        assert process.wait(timeout=10) == RUN_HALTED
+        assert "the halt's pause is over: starting the run again" in process.stderr.read()
+    finally:  # a failed assertion must not leave the holding process behind
+        process.kill()
+        process.wait()
 
 
 def test_ray_sessions_of_earlier_attempts_are_removed_and_no_other_s(tmp_path: Path) -> None:
