@@ -226,6 +226,18 @@ def files_of(step_folder: Path) -> int:
     return sum(1 for path in step_folder.rglob("*") if path.is_file())
 
 
+def start_ray_like(tmp_path: Path, late: str) -> tuple[subprocess.Popen[str], Path]:
+    """train over RAY_LIKE_VERL, its line LATE ("late" or "never"); the experiment's folder."""
+    (tmp_path / "verl.py").write_text(RAY_LIKE_VERL)
+    folder = tmp_path / "checkpoints" / "run"
+    return start_train(tmp_path, [sys.executable, str(tmp_path / "verl.py"), str(tmp_path), str(folder), late]), folder
+
+
+def assert_stopped_after_the_save(tmp_path: Path, output: str) -> None:
+    assert (tmp_path / "saved-2").exists(), f"verl was stopped mid-save: {output}"
+    assert float((tmp_path / "signalled").read_text()) >= float((tmp_path / "saved-2").read_text()), output
+
+
 MOMENTS: dict[str, Callable[[Path, Path], bool]] = {
     "the folder made, empty": lambda out, folder: (
         (folder / "global_step_2").is_dir() and files_of(folder / "global_step_2") == 0
@@ -240,36 +252,28 @@ MOMENTS: dict[str, Callable[[Path, Path], bool]] = {
 
 @pytest.mark.parametrize("moment", list(MOMENTS))
 def test_a_stop_at_any_moment_of_a_save_under_ray_leaves_it_whole(tmp_path: Path, moment: str) -> None:
-    (tmp_path / "verl.py").write_text(RAY_LIKE_VERL)
-    folder = tmp_path / "checkpoints" / "run"
-    process = start_train(tmp_path, [sys.executable, str(tmp_path / "verl.py"), str(tmp_path), str(folder), "late"])
+    process, folder = start_ray_like(tmp_path, "late")
     wait_until(process, lambda: MOMENTS[moment](tmp_path, folder))
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 128 + signal.SIGTERM, output
-    assert (tmp_path / "saved-2").exists(), f"verl was stopped mid-save: {output}"
-    assert float((tmp_path / "signalled").read_text()) >= float((tmp_path / "saved-2").read_text()), output
+    assert_stopped_after_the_save(tmp_path, output)
     whole_saves_only(folder, 2)
 
 
 def test_a_save_whose_line_never_comes_is_held_from_the_disk(tmp_path: Path) -> None:
-    (tmp_path / "verl.py").write_text(RAY_LIKE_VERL)
-    folder = tmp_path / "checkpoints" / "run"
-    process = start_train(tmp_path, [sys.executable, str(tmp_path / "verl.py"), str(tmp_path), str(folder), "never"])
+    process, folder = start_ray_like(tmp_path, "never")
     wait_until(process, lambda: MOMENTS["half the files"](tmp_path, folder))
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 128 + signal.SIGTERM, output
     assert "stopping once verl has written the checkpoint it is saving" in output
-    assert (tmp_path / "saved-2").exists(), f"verl was stopped mid-save: {output}"
-    assert float((tmp_path / "signalled").read_text()) >= float((tmp_path / "saved-2").read_text()), output
+    assert_stopped_after_the_save(tmp_path, output)
     whole_saves_only(folder, 2)
 
 
 def test_a_stop_before_the_save_begins_ends_the_run_at_once(tmp_path: Path) -> None:
-    (tmp_path / "verl.py").write_text(RAY_LIKE_VERL)
-    folder = tmp_path / "checkpoints" / "run"
-    process = start_train(tmp_path, [sys.executable, str(tmp_path / "verl.py"), str(tmp_path), str(folder), "late"])
+    process, folder = start_ray_like(tmp_path, "late")
     wait_until(process, lambda: (tmp_path / "training-2").exists())
     asked = time.monotonic()
     process.send_signal(signal.SIGTERM)
@@ -283,9 +287,7 @@ def test_a_stop_before_the_save_begins_ends_the_run_at_once(tmp_path: Path) -> N
 
 def test_two_stops_in_a_row_during_a_save_are_both_held(tmp_path: Path) -> None:
     """`docker compose stop` then `down` (or a second Ctrl-C): the second stop must not cut the save either."""
-    (tmp_path / "verl.py").write_text(RAY_LIKE_VERL)
-    folder = tmp_path / "checkpoints" / "run"
-    process = start_train(tmp_path, [sys.executable, str(tmp_path / "verl.py"), str(tmp_path), str(folder), "late"])
+    process, folder = start_ray_like(tmp_path, "late")
     wait_until(process, lambda: MOMENTS["the folder made, empty"](tmp_path, folder))
     process.send_signal(signal.SIGTERM)
     time.sleep(0.6)
