@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from standins import closed_port_url
+from verlbox.host.runs.remembered import build_records
 
 # the run's time by phase, one line at its end (tests/phases.py)
 pytest_plugins = ["phases"]
@@ -27,14 +28,21 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("VERLBOX_SOURCES_URL", closed_port_url())
 # what verlbox remembers (the run folders init made, the last build) never goes to the user's own state
 # folder: the session's fixtures write to one of their own, each test to its own (state_folder)
-os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="verlbox-test-state-")
+SESSION_STATE = Path(tempfile.mkdtemp(prefix="verlbox-test-state-"))
+os.environ["XDG_STATE_HOME"] = str(SESSION_STATE)
 
 
 @pytest.fixture(autouse=True)
 def state_folder(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """XDG_STATE_HOME for this test alone: no test sees another's run folders or last build."""
+    """XDG_STATE_HOME for this test alone: no test sees another's run folders or last build. The records of the
+    images the session's fixtures built are there (linked), as a host keeps its builds' records for `verify`."""
     folder = tmp_path_factory.mktemp("state")
     monkeypatch.setenv("XDG_STATE_HOME", str(folder))
+    records = build_records({"XDG_STATE_HOME": str(SESSION_STATE)})
+    if records.is_dir():
+        build_records({"XDG_STATE_HOME": str(folder)}).mkdir(parents=True)
+        for record in records.iterdir():
+            os.link(record, build_records({"XDG_STATE_HOME": str(folder)}) / record.name)
     return folder
 
 

@@ -48,7 +48,7 @@ HANDLERS = {
     "verify": (
         "verlbox.host.commands",
         "verify",
-        "compare a built image with its recipe's lock; name every difference",
+        "compare a built image with its recipe's lock and every file with its build's record; name every difference",
     ),
     "images": (
         "verlbox.host.runs.images",
@@ -133,7 +133,7 @@ EXAMPLES = {
     "verify": [f"verlbox verify verlbox/p40-cu124:{__version__}", "verlbox verify mine/p40:1 --recipe ./mine.yaml"],
     "images": [
         "verlbox images",
-        "verlbox images --verify                 # also verify each image (seconds each)",
+        "verlbox images --verify                 # also verify each image (seconds each it built)",
         "verlbox images --json",
     ],
     "clean": [
@@ -340,7 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     shell.set_defaults(one_command=[])
 
     images = sub["images"]
-    images.add_argument("--verify", action="store_true", help="also run `verlbox verify` on each image (seconds each)")
+    images.add_argument(
+        "--verify", action="store_true", help="also run `verlbox verify` on each image (seconds for each built here)"
+    )
     images.add_argument("--json", action="store_true", help="print the rows as JSON (for scripts)")
 
     clean = sub["clean"]

@@ -7,6 +7,7 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -158,7 +159,26 @@ def build(args: argparse.Namespace) -> int:
     err.print(f"built {', '.join(result.tags)} ({result.image_id[:19]}) in {result.seconds:.0f} s")
     if problem := remember_build(result.tags[0], result.image_id):
         err.print(f"note: {problem}", markup=False)
+    record_build(result.tags[0], result.image_id)
     return 0
+
+
+def record_build(tag: str, image_id: str) -> None:
+    """The record of TAG's files that `verify` holds it to (host/trust/built.py), written unless this host has one
+    of that image ID already (a build the layer cache answered whole)."""
+    from verlbox.host.runs.remembered import build_records
+    from verlbox.host.trust.built import read_image, record_path, write_record
+
+    if record_path(build_records(), image_id).is_file():
+        return
+    started = time.monotonic()
+    with err.status(f"recording {tag}'s files (read from its saved layers, for verify)"):
+        try:
+            path = write_record(build_records(), read_image(tag))
+        except VerlboxError as exc:
+            err.print(f"note: {exc}: `verlbox verify {tag}` has no record of this build to hold it to", markup=False)
+            return
+    err.print(f"recorded its files in {path} in {time.monotonic() - started:.0f} s")
 
 
 def check_pins(args: argparse.Namespace, recipe: RecipeHead) -> int:
@@ -275,6 +295,7 @@ def lock(args: argparse.Namespace) -> int:
 def verify(args: argparse.Namespace) -> int:
     from verlbox.host.clients.engine import require_image
     from verlbox.host.recipes.lock import image_labels
+    from verlbox.host.runs.remembered import build_records
     from verlbox.host.trust.verify import differences
 
     require_image(args.image, "check the name (`docker image ls`), or build it first: verlbox build RECIPE")
@@ -285,7 +306,7 @@ def verify(args: argparse.Namespace) -> int:
     if not args.recipe and from_users_recipe(labels):
         raise UsageError(f"{users_recipe_note(args.image, reference)}: pass --recipe PATH, that file")
     recipe = load_recipe(reference)
-    found = differences(recipe, args.image, labels)
+    found = differences(recipe, args.image, labels, build_records())
     for difference in found:
         out.print(difference, markup=False)
     if found:
@@ -380,6 +401,7 @@ def _run_folder_data() -> Path:
 def _lock_check(args: argparse.Namespace, image: str) -> CheckResult:
     """Smoke's host-side row: the image against its recipe's lock (`verlbox verify`)."""
     from verlbox.host.recipes.lock import image_labels
+    from verlbox.host.runs.remembered import build_records
     from verlbox.host.trust.verify import differences, other_recipe
     from verlbox.runtime.checks.smoke import CheckResult
 
@@ -393,7 +415,7 @@ def _lock_check(args: argparse.Namespace, image: str) -> CheckResult:
         return CheckResult("host", "image of this recipe", "failed", why)
     if recipe.lock_path is None or not recipe.lock_path.is_file():
         return CheckResult("host", "matches its lock", "skipped", f"recipe {recipe.name} has no lock yet")
-    if found := differences(recipe, image, labels):
+    if found := differences(recipe, image, labels, build_records()):
         return CheckResult("host", "matches its lock", "failed", "; ".join(found[:10]))
     return CheckResult("host", "matches its lock", "passed", f"verlbox verify: {recipe.lock_path.name} matches")
 

@@ -26,6 +26,7 @@ from verlbox.host.building.plan import from_users_recipe
 from verlbox.host.clients.engine import EngineError, client
 from verlbox.host.recipes.recipe import load_recipe, recipe_names
 from verlbox.host.runs.clean import human_size, is_staging
+from verlbox.host.runs.remembered import build_records
 from verlbox.host.runs.runfolder import RECIPE_LABEL, newest_first, out_of_date
 from verlbox.host.trust.verify import differences
 
@@ -99,7 +100,7 @@ def verify_image(tag: str, labels: dict[str, str]) -> Verification:
     if recipe.lock_path is None or not recipe.lock_path.is_file():
         return Verification(SKIPPED, f"recipe {name} has no lock to compare with")
     try:
-        found = differences(recipe, tag, labels)
+        found = differences(recipe, tag, labels, build_records())
     except VerlboxError as exc:
         return Verification(FAILED, str(exc))
     if found:
@@ -113,7 +114,7 @@ def verified(rows: list[ImageRow], labels: dict[str, dict[str, str]]) -> list[Im
     done = []
     for number, row in enumerate(rows, 1):
         if row.image_id not in results:
-            with err.status(f"verifying {row.tag} ({number}/{len(rows)}): it runs the image"):
+            with err.status(f"verifying {row.tag} ({number}/{len(rows)}): its layers or files"):
                 results[row.image_id] = verify_image(row.tag, labels[row.tag])
         done.append(replace(row, verify=results[row.image_id]))
     return done

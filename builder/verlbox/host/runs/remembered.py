@@ -1,7 +1,9 @@
 """What verlbox remembers between commands, in the user's state folder ($XDG_STATE_HOME/verlbox, else
 ~/.local/state/verlbox): the run folders `verlbox init` made, so that `clean --images` keeps the image
 each one's .env names wherever it runs from, and the image the last `verlbox build` made, which `init`
-takes. Losing either file loses only that knowledge: commands say what they cannot see, never fail on it.
+takes. Losing either file loses only that knowledge: commands say what they cannot see, never fail on it. And
+each build's record of its image's files (images/, host/trust/built.py), which `verify` holds images to: losing
+one makes verify of that image fail until it is built here again.
 """
 
 from __future__ import annotations
@@ -16,10 +18,16 @@ from verlbox.files import write_atomically
 
 RUN_FOLDERS = "run-folders"  # one absolute path a line
 LAST_BUILD = "last-build.json"  # {"image": the first tag, "id": the image's ID}
+BUILD_RECORDS = "images"  # one record per image ID a build made here
 
 
 def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
     return Path(environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "verlbox"
+
+
+def build_records(environ: Mapping[str, str] = os.environ) -> Path:
+    """The folder of the records `verlbox build` writes of each image's files (host/trust/built.py)."""
+    return state_dir(environ) / BUILD_RECORDS
 
 
 def run_folders(environ: Mapping[str, str] = os.environ) -> list[Path]:

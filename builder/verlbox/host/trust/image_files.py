@@ -1,10 +1,12 @@
 """An image's files read from outside, with nothing of the image run: `docker image save` streamed, each layer's
 tar read by this verlbox's Python and its whiteouts applied in layer order, as the engine would mount them.
 
-Each path (relative to /) maps to one line that says what a file can do when it runs or is read: its kind, mode
-and owner, and the sha256 of a file's bytes, a link's target or a device's numbers. File times are left out:
-an online build dates every file it writes, and a time changes nothing a file does. A hard link is its target's
-line (the same bytes). Two images whose lines are equal hold the same files, whatever their layers.
+Each path (relative to /) maps to one line that says what a file can do when it runs or is read: its kind, mode,
+owner and extended attributes, and the sha256 of a file's bytes, a link's target or a device's numbers. File times
+are left out: an online build dates every file it writes, and a time changes nothing a file does. A hard link is
+its target's line (the same bytes). Two images whose lines are equal hold the same files, whatever their layers.
+The bytes of a few small files a caller names (KEEP) are kept too: what verify reads versions from (dpkg's status,
+each distribution's METADATA), taken from the same stream as their lines, so that what is read is what is hashed.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import posixpath
 import subprocess
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -29,6 +31,7 @@ CHUNK = 1 << 20
 NAMES = {"encoding": "utf-8", "errors": "surrogateescape"}
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
+XATTR = "SCHILY.xattr."  # how a pax header carries an extended attribute (Docker's layers use it)
 
 
 @dataclass
@@ -39,31 +42,58 @@ class Layer:
     removed: list[str] = field(default_factory=list)
     opaque: list[str] = field(default_factory=list)
     entries: dict[str, str] = field(default_factory=dict)
+    kept: dict[str, bytes] = field(default_factory=dict)  # the bytes of the files KEEP named
+
+
+@dataclass
+class ImageFiles:
+    """Every path's line, and the bytes of the files KEEP named (as the top layer holding each left it)."""
+
+    lines: dict[str, str] = field(default_factory=dict)
+    kept: dict[str, bytes] = field(default_factory=dict)
+
+
+def _keep_nothing(path: str) -> bool:
+    return False
 
 
 def _path(name: str) -> str:
     return posixpath.normpath("/" + name).lstrip("/")
 
 
-def _line(member: tarfile.TarInfo, stream: IO[bytes] | None) -> str:
-    owner = f"{member.mode & 0o7777:04o} {member.uid}:{member.gid}"
+def _xattrs(member: tarfile.TarInfo) -> str:
+    """MEMBER's extended attributes, each by name and the sha256 of its value: a file capability
+    (security.capability) gives a program privileges its mode does not show."""
+    found = sorted(
+        (key[len(XATTR) :], hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16])
+        for key, value in member.pax_headers.items()
+        if key.startswith(XATTR)
+    )
+    return "".join(f" xattr:{name}={digest}" for name, digest in found)
+
+
+def _line(member: tarfile.TarInfo, stream: IO[bytes] | None, kept: list[bytes] | None = None) -> str:
+    """MEMBER's line; a file's bytes are appended to KEPT where it is given."""
+    owner = f"{member.mode & 0o7777:04o} {member.uid}:{member.gid}{_xattrs(member)}"
     if member.isreg():
         assert stream is not None
         digest = hashlib.sha256()
         while chunk := stream.read(CHUNK):
             digest.update(chunk)
+            if kept is not None:
+                kept.append(chunk)
         return f"file {owner} sha256:{digest.hexdigest()}"
     if member.isdir():
         return f"dir {owner}"
     if member.issym():
-        return f"symlink -> {member.linkname}"
+        return f"symlink{_xattrs(member)} -> {member.linkname}"
     if member.ischr() or member.isblk():
         return f"{'char' if member.ischr() else 'block'} {owner} {member.devmajor},{member.devminor}"
     return f"fifo {owner}"
 
 
-def read_layer(stream: IO[bytes]) -> Layer:
-    """One layer's tar, read once from STREAM (it may be a pipe)."""
+def read_layer(stream: IO[bytes], keep: Callable[[str], bool] = _keep_nothing) -> Layer:
+    """One layer's tar, read once from STREAM (it may be a pipe); the bytes of each file KEEP names kept."""
     layer = Layer()
     with tarfile.open(fileobj=stream, mode="r|", **NAMES) as tar:  # type: ignore[call-overload]
         for member in tar:
@@ -78,32 +108,42 @@ def read_layer(stream: IO[bytes]) -> Layer:
                 if target is None:
                     raise ValueError(f"{path}: a hard link to {member.linkname}, which the layer does not hold")
                 layer.entries[path] = target
+                if _path(member.linkname) in layer.kept:
+                    layer.kept[path] = layer.kept[_path(member.linkname)]
             elif path:
-                layer.entries[path] = _line(member, tar.extractfile(member) if member.isreg() else None)
+                chunks: list[bytes] | None = [] if member.isreg() and keep(path) else None
+                layer.entries[path] = _line(member, tar.extractfile(member) if member.isreg() else None, chunks)
+                if chunks is not None:
+                    layer.kept[path] = b"".join(chunks)
     return layer
 
 
-def _remove_under(files: dict[str, str], folder: str, itself: bool) -> None:
+def _remove_under(files: ImageFiles, folder: str, itself: bool) -> None:
     prefix = folder + "/" if folder else ""
-    for path in [path for path in files if path.startswith(prefix) or (itself and path == folder)]:
-        del files[path]
+    for path in [path for path in files.lines if path.startswith(prefix) or (itself and path == folder)]:
+        del files.lines[path]
+        files.kept.pop(path, None)
 
 
-def apply(files: dict[str, str], layer: Layer) -> None:
+def apply(files: ImageFiles, layer: Layer) -> None:
     """LAYER mounted over FILES (the layers below it), in place."""
     for folder in layer.opaque:
         _remove_under(files, folder, itself=False)
     for path in layer.removed:
         _remove_under(files, path, itself=True)
     for path, line in layer.entries.items():
-        if not line.startswith("dir ") and files.get(path, "").startswith("dir "):
+        if not line.startswith("dir ") and files.lines.get(path, "").startswith("dir "):
             _remove_under(files, path, itself=False)  # a folder replaced by a file or link takes its contents
-        files[path] = line
+        files.lines[path] = line
+        if path in layer.kept:
+            files.kept[path] = layer.kept[path]
+        else:  # a kept file replaced by one of another kind
+            files.kept.pop(path, None)
 
 
-def read_saved(stream: IO[bytes]) -> tuple[list[str], dict[str, str]]:
-    """(the layers in order, by their name in the archive; every path's line) of the one image in a `docker image
-    save` archive read once from STREAM."""
+def read_saved(stream: IO[bytes], keep: Callable[[str], bool] = _keep_nothing) -> tuple[list[str], ImageFiles]:
+    """(the layers in order, by their name in the archive; every path's line and the bytes KEEP names) of the one
+    image in a `docker image save` archive read once from STREAM."""
     layers: dict[str, Layer] = {}
     small: dict[str, bytes] = {}
     with tarfile.open(fileobj=stream, mode="r|", **NAMES) as outer:  # type: ignore[call-overload]
@@ -114,25 +154,26 @@ def read_saved(stream: IO[bytes]) -> tuple[list[str], dict[str, str]]:
             if member.size <= SMALL:
                 small[member.name] = handle.read()
             else:
-                layers[member.name] = read_layer(handle)
+                layers[member.name] = read_layer(handle, keep)
     images = json.loads(small["manifest.json"])
     if len(images) != 1:
         raise ValueError(f"the archive holds {len(images)} images, not one")
     names: list[str] = images[0]["Layers"]
-    files: dict[str, str] = {}
+    files = ImageFiles()
     for name in names:
-        apply(files, layers[name] if name in layers else read_layer(io.BytesIO(small[name])))
+        apply(files, layers[name] if name in layers else read_layer(io.BytesIO(small[name]), keep))
     return names, files
 
 
-def image_files(reference: str) -> dict[str, str]:
-    """Every path of the engine's image REFERENCE with its line, read from `docker image save` as it streams."""
+def image_files(reference: str, keep: Callable[[str], bool] = _keep_nothing) -> ImageFiles:
+    """Every path of the engine's image REFERENCE with its line, and the bytes of the files KEEP names, read from
+    `docker image save` as it streams."""
     with subprocess.Popen(
         [require_cli(), "image", "save", reference], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     ) as saving:
         assert saving.stdout is not None and saving.stderr is not None
         try:
-            _, files = read_saved(saving.stdout)
+            _, files = read_saved(saving.stdout, keep)
         except (ValueError, KeyError, tarfile.TarError) as exc:
             saving.kill()
             problem: str | None = f"{reference}: its saved layers cannot be read ({exc})"

@@ -1,23 +1,23 @@
-"""`verlbox verify IMAGE`: a built image against its recipe and lock, one line per difference.
+"""`verlbox verify IMAGE`: a built image against its recipe and lock, one line per difference. Nothing of the image
+runs: it is read from outside (its saved layers, image_files.py) by this verlbox and held to what lives outside it.
 
-Compared: the recipe hash, patch set hash and lock hash the image's labels carry; every Python
-distribution and version installed (pip's own view inside the image) against the lock; every locked
-Debian package's installed version, and any Debian package the lock does not list (over a
-bootstrapped base, whose packages it lists); the recipe the image was built from; the base's identity
-(registry digest, or for a local base its package list); Apex's recorded source commit against the
-recipe, and its wheel's sha256 against the lock's (Apex compiles to the same bytes from the same plan,
-archive and toolchain, so a built image and one built from a bundle are held to the same wheel); and every
-file verlbox placed (the patched verl, its own runtime) against the hashes the build recorded (placed.py):
-the lock alone cannot see a file swapped inside an installed package. And the bytes (runtime/checks/integrity.py):
-every installed Python distribution's files against its RECORD, each RECORD against the one the build recorded,
-every file of site-packages owned by some RECORD (bytecode by its source), and Debian's files by `dpkg --verify`.
+Compared: the recipe hash, patch set hash and lock hash the image's labels carry; every Python distribution and
+version in the venv (read from their METADATA) against the lock; every locked Debian package's version (dpkg's
+status), and any Debian package the lock does not list (over a bootstrapped base, whose packages it lists); the
+recipe the image was built from; the base's identity (registry digest, or for a local base its package list);
+Apex's recorded source commit against the recipe, and its wheel's sha256 against the lock's (Apex compiles to
+the same bytes from the same plan, archive and toolchain, so a built image and one built from a bundle are held
+to the same wheel). And every file: the image's paths against the record `verlbox build` wrote on this host
+(built.py). An image whose layers' diff IDs are those of its own record is that build's image, and nothing is
+read; any other image of the recipe is read whole and held to the closest recorded build, each path that differs
+named in one line; an image of a recipe no build here recorded is one line too, since nothing can vouch for its
+files.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -25,60 +25,50 @@ from rich.console import Console
 
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.building.plan import BuildPlan
-from verlbox.host.clients.engine import require_cli
 from verlbox.host.recipes.lock import Lock, base_identity, read_lock
 from verlbox.host.recipes.recipe import RecipeHead
-from verlbox.runtime.checks import integrity
+from verlbox.host.trust.built import Facts, Record, identity, load_record, read_image, record_path, records_of
+from verlbox.host.trust.image_files import file_differences
 
 # installed from the build context or compiled in the build, never from an index: checked otherwise
 NOT_FROM_AN_INDEX = {"verlbox", "apex"}
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-# Run with `python -I -S`: the byte check (this verlbox's integrity.py, sent as text, not the image's copy) goes
-# first, before `site` runs any .pth that could hide itself or patch what the check calls; then site, for the rest.
-_PROBE = """
-import json, subprocess, sys, types
-integrity = types.ModuleType("verlbox_integrity")
-sys.modules[integrity.__name__] = integrity
-exec(compile(INTEGRITY, "integrity.py", "exec"), integrity.__dict__)
-held = integrity.check()
-import site
-site.main()
-import importlib.metadata as m
-from pathlib import Path
-pip = {d.metadata["Name"]: d.version for d in m.distributions()}
-apt = subprocess.run(["dpkg-query", "-W", "-f", "${Package}=${Version}\\\\n"], capture_output=True, text=True).stdout
-try:
-    apex = json.loads(m.distribution("apex").read_text("verlbox-source.json") or "{}").get("commit")
-except m.PackageNotFoundError:
-    apex = None
-records = sorted(Path("/opt/verlbox/build-record/compiled").glob("*.json"))
-compiled = {p.stem: json.loads(p.read_text()) for p in records}
-try:
-    from verlbox.runtime.steps.placed import changed_since_build
-    placed = changed_since_build()
-except ImportError:
-    placed = ["no verlbox runtime in the image to check what it placed"]
-held = {"differences": held.differences, "notes": held.notes}
-print(json.dumps({"pip": pip, "apt": apt.split(), "apex": apex, "compiled": compiled, "placed": placed, "bytes": held}))
-"""
+
+@dataclass
+class Held:
+    """An image held to the builds recorded on this host: what it says of itself, and its paths that differ."""
+
+    facts: Facts
+    differences: list[str]
 
 
-def _probe() -> str:
-    return f"INTEGRITY = {Path(integrity.__file__).read_text()!r}\n{_PROBE}"
+def held_to_build(reference: str, recipe: str, records: Path) -> Held:
+    """REFERENCE (an image of RECIPE) against the records in the folder RECORDS."""
+    image, layers, _ = identity(reference)
+    own = load_record(record_path(records, image))
+    # the engine names each layer by the sha256 of its bytes: the same diff IDs are the same files, unread
+    if own is not None and own.recipe == recipe and own.layers == layers:
+        return Held(own.facts, [])
+    now = read_image(reference)
+    built = records_of(records, recipe)
+    if not built:
+        return Held(
+            now.facts,
+            [
+                f"image {image[:19]}: no build of recipe {recipe} is recorded on this host ({records}), so nothing "
+                f"vouches for its files: build it here (verlbox build {recipe})"
+            ],
+        )
+    found, closest = min(((file_differences(record.files, now.files), record) for record in built), key=_fewest)
+    if found:
+        err.print(f"note: {reference}'s files are held to the build of {closest.image[:19]}", markup=False)
+    return Held(now.facts, found)
 
 
-def _inspect(image: str) -> dict:
-    run = subprocess.run(
-        [require_cli(), "run", "--rm", "--entrypoint", "python", image, "-I", "-S", "-c", _probe()],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if run.returncode != 0:
-        raise UsageError(f"{image}: cannot look inside ({run.stderr.strip()[-500:]})")
-    return json.loads(run.stdout)
+def _fewest(pair: tuple[list[str], Record]) -> int:
+    return len(pair[0])
 
 
 def _compare(kind: str, locked: dict[str, str], installed: dict[str, str]) -> list[str]:
@@ -119,7 +109,8 @@ def label_differences(recipe: RecipeHead, lock: Lock | None, labels: Mapping[str
     return {label: value for label, value in expected.items() if labels.get(label) != value}
 
 
-def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> list[str]:
+def differences(recipe: RecipeHead, image: str, labels: dict[str, str], records: Path) -> list[str]:
+    """Every way IMAGE differs from RECIPE, its lock and the builds recorded in the folder RECORDS, a line each."""
     if mismatch := other_recipe(recipe.name, image, labels):  # every other line would only follow from it
         return [mismatch]
     if recipe.lock_path is None or not recipe.lock_path.is_file():
@@ -133,27 +124,21 @@ def differences(recipe: RecipeHead, image: str, labels: dict[str, str]) -> list[
         found.append(
             f"lock {recipe.lock_path.name} was made for recipe hash {lock.recipe_hash[:12]}: run `verlbox lock`"
         )
-    inside = _inspect(image)
-    pip_installed = {canonicalize_name(name): version for name, version in inside["pip"].items()}
+    held = held_to_build(image, recipe.name, records)
     pip_locked = {canonicalize_name(name): version for name, version in lock.packages("pip").items()}
-    found += _compare("python", pip_locked, pip_installed)
-    unlocked = sorted(set(pip_installed) - set(pip_locked) - NOT_FROM_AN_INDEX)
-    found += [f"python {name}: image {pip_installed[name]}, not in the lock" for name in unlocked]
-    apt_installed = dict(line.split("=", 1) for line in inside["apt"])
-    found += _compare("debian", lock.packages("apt"), apt_installed)
+    found += _compare("python", pip_locked, held.facts.pip)
+    unlocked = sorted(set(held.facts.pip) - set(pip_locked) - NOT_FROM_AN_INDEX)
+    found += [f"python {name}: image {held.facts.pip[name]}, not in the lock" for name in unlocked]
+    found += _compare("debian", lock.packages("apt"), held.facts.apt)
     if lock.base.packages is not None:  # a registry base's own packages are not listed: nothing to hold them to
         known = {pin.partition("=")[0] for pin in lock.base.packages} | set(lock.packages("apt"))
-        unlisted = sorted(set(apt_installed) - known)
-        found += [f"debian {name}: image {apt_installed[name]}, not in the lock" for name in unlisted]
+        unlisted = sorted(set(held.facts.apt) - known)
+        found += [f"debian {name}: image {held.facts.apt[name]}, not in the lock" for name in unlisted]
     apex = getattr(recipe, "apex", None)
-    if apex and inside["apex"] != apex.commit:
-        found.append(f"apex: image built from {inside['apex'] or 'an unrecorded source'}, recipe pins {apex.commit}")
+    if apex and held.facts.apex != apex.commit:
+        found.append(f"apex: image built from {held.facts.apex or 'an unrecorded source'}, recipe pins {apex.commit}")
     found += _base_differences(lock, labels.get("io.verlbox.base"))
-    found += [f"placed file {line}" for line in inside.get("placed", [])]  # the patched verl, verlbox's runtime
-    held = inside["bytes"]
-    for note in held.get("notes", []):  # what an image of an older verlbox cannot show: said, not failed
-        err.print(f"note: {note}", markup=False)
-    return found + _compiled_differences(lock, inside.get("compiled", {})) + held.get("differences", [])
+    return found + _compiled_differences(lock, held.facts.compiled) + held.differences
 
 
 # the same plan, archive and toolchain compiled the lock's bytes in every clean build but one measured

@@ -90,7 +90,8 @@ def installed_entry(distribution: metadata.Distribution) -> dict:
 
 def write_installed(step: str, names: list[str], path: list[str] | None, directory: Path = RECORD_DIR) -> None:
     """DIRECTORY/installed/STEP.json: what the step installed (NAMES, found in PATH, else this interpreter's
-    path), as installed: the lock says what was asked for; this is what `verify` holds the image to.
+    path), as installed: the lock says what was asked for, this what the image holds (`verify` reads the host's
+    record of the build instead: host/trust/built.py).
     Names are compared canonically here (Python 3.9's own lookup misses `ruamel.yaml` for `ruamel-yaml`)."""
     installed = {
         _canonical(distribution.metadata["Name"]): distribution
