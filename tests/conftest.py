@@ -23,13 +23,15 @@ from verlbox.host.runs.remembered import build_records
 pytest_plugins = ["phases"]
 
 REPO = Path(__file__).resolve().parents[1]
+# tests import this module as `conftest`, as pytest does: a second copy would run what follows again
+if __name__ != "conftest":
+    raise ImportError(f"tests/conftest.py imported as {__name__}: write `from conftest import ...`")
 # tests never reach an upstream: a source archive missing from the cache is "fetched" from a port
 # where nothing listens, and fails in one line (tests/test_archives.py serves its own)
 os.environ.setdefault("VERLBOX_SOURCES_URL", closed_port_url())
 # what verlbox remembers (the run folders init made, the last build) never goes to the user's own state
 # folder: the session's fixtures write to one of their own, each test to its own (state_folder)
-SESSION_STATE = Path(tempfile.mkdtemp(prefix="verlbox-test-state-"))
-os.environ["XDG_STATE_HOME"] = str(SESSION_STATE)
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="verlbox-test-state-")
 
 
 @pytest.fixture(autouse=True)
@@ -37,12 +39,14 @@ def state_folder(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     """XDG_STATE_HOME for this test alone: no test sees another's run folders or last build. The records of the
     images the session's fixtures built are there (linked), as a host keeps its builds' records for `verify`."""
     folder = tmp_path_factory.mktemp("state")
+    # the session's folder as its builds saw it: os.environ's, since a second import of this module (as
+    # `tests.conftest`) would make another and point the environment at that one
+    records, own = build_records(), build_records({"XDG_STATE_HOME": str(folder)})
     monkeypatch.setenv("XDG_STATE_HOME", str(folder))
-    records = build_records({"XDG_STATE_HOME": str(SESSION_STATE)})
     if records.is_dir():
-        build_records({"XDG_STATE_HOME": str(folder)}).mkdir(parents=True)
+        own.mkdir(parents=True)
         for record in records.iterdir():
-            os.link(record, build_records({"XDG_STATE_HOME": str(folder)}) / record.name)
+            os.link(record, own / record.name)
     return folder
 
 

@@ -9,8 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.test_save_hold import CONTENTS, start_train, whole_saves_only
-
+from test_save_hold import CONTENTS, start_train, whole_saves_only
 from verlbox.runtime.training import checkpoints, progress
 
 LINES = 20_000  # some 4 MB: sixty times what a pipe holds

@@ -7,7 +7,8 @@ import json
 import re
 
 import pytest
-from tests.conftest import docker
+
+from conftest import docker
 
 IN_IMAGE = r"""
 import functools, json, tempfile

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.conftest import docker
+
+from conftest import docker
 
 IN_IMAGE = r"""
 import functools, json

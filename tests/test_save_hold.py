@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from tests.test_progress import RECORDED
 
+from test_progress import RECORDED
 from verlbox.runtime.training import checkpoints
 from verlbox.runtime.training.progress import Progress, RunWatch
 from verlbox.runtime.training.save_watch import SaveWatch

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.test_save_hold import start_train, whole_saves_only
+
+from test_save_hold import start_train, whole_saves_only
 
 RAY_VERL = """
 import os, sys, time, zipfile
