@@ -28,7 +28,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-import huggingface_hub.constants
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -361,7 +360,7 @@ def test_a_dropped_connection_resumes_where_it_broke(
     stand_in: StandInHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # small chunks, so that what arrived before the break is on disk (the client writes whole chunks)
-    monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", 64 * 1024)
+    monkeypatch.setattr(hub, "WRITTEN_PIECE", 64 * 1024)
     files = fake_model(5)
     stand_in.publish("model", MODEL, files)
     stand_in.drops[WEIGHTS] = 1
@@ -377,7 +376,7 @@ def test_a_dropped_connection_resumes_where_it_broke(
 def test_a_restart_resumes_and_no_half_folder_is_used(
     stand_in: StandInHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", 64 * 1024)
+    monkeypatch.setattr(hub, "WRITTEN_PIECE", 64 * 1024)
     files = fake_model(6)
     stand_in.publish("model", MODEL, files)
     stand_in.drops[WEIGHTS] = hub.ATTEMPTS  # every attempt of this start breaks
@@ -438,6 +437,31 @@ def test_ctrl_c_ends_a_download_at_once_and_the_same_command_resumes_it(stand_in
     assert resumed.returncode == 0, resumed.stderr
     assert stand_in.gets(WEIGHTS)[-1] == f"bytes={10 << 20}-"
     assert (out / WEIGHTS).read_bytes() == files[WEIGHTS]
+
+
+def test_what_arrives_on_a_slow_link_is_on_disk_for_the_bar_before_the_file_ends(
+    stand_in: StandInHub, tmp_path: Path
+) -> None:
+    """The bar shows the partial file's size: the client's own 10 MiB pieces left it at 0 until a file ended (or
+    10 MiB came), minutes on a slow link. Here 3.5 MiB of a 12 MiB file arrive, then the link stalls."""
+    files = fake_model(33)
+    files[WEIGHTS] = random.Random(33).randbytes(12 << 20)
+    stand_in.publish("model", MODEL, files)
+    stand_in.stalls[WEIGHTS] = 7 << 19
+    env = os.environ | {"HF_ENDPOINT": stand_in.endpoint, "HF_HOME": str(tmp_path / "hf")}
+    command = [sys.executable, "-m", "verlbox.cli", "fetch", "model", "--out", str(tmp_path / "model")]
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as fetching:
+        partial = tmp_path / "model.partial"
+        deadline = time.monotonic() + 20
+        arrived = 0
+        while arrived < 3 << 20 and time.monotonic() < deadline and fetching.poll() is None:
+            time.sleep(0.05)
+            arrived = sum(path.stat().st_size for path in partial.rglob("*.incomplete"))
+        stand_in.release.set()
+        _, stderr = fetching.communicate(timeout=60)
+    assert arrived == 3 << 20, f"{arrived} bytes on disk while the link stalled after 3.5 MiB"
+    assert fetching.returncode == 0, stderr
+    assert (tmp_path / "model" / WEIGHTS).read_bytes() == files[WEIGHTS]
 
 
 def test_progress_on_a_terminal_names_each_file(stand_in: StandInHub, tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ RETRY_DELAY_S = 2.0
 _CHUNK = 1 << 20
 # how often the waiting thread looks at the download: also how soon it answers a Ctrl-C
 POLL_S = 0.1
+WRITTEN_PIECE = 1 << 20  # bytes: what the bar can show of a download, and what a Ctrl-C keeps beyond the last piece
 _ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")]+")
 # the hub client's resume state inside FOLDER.partial, removed before the folder is promoted
 CLIENT_STATE = ".cache"
@@ -389,6 +390,9 @@ def _download_each(
     # plain HTTP, not Xet: its partial files are the `.incomplete` ones in STAGING, which survive a
     # restart beside the folder (Xet resumes from a cache under HF_HOME, which may not be kept)
     constants.HF_HUB_DISABLE_XET = True
+    # the client writes what arrives in pieces of this size, and the bar reads the partial file's size: its own
+    # 10 MiB left a bar at 0 for minutes on a slow link, and a Ctrl-C kept nothing of a piece not yet whole
+    constants.DOWNLOAD_CHUNK_SIZE = WRITTEN_PIECE
     for attempt in range(1, ATTEMPTS + 1):
         try:
             for sibling in siblings:
