@@ -120,3 +120,54 @@ def serve_registry(manifests: dict[str, str], *, token_status: int = 200) -> Ite
 
     with _serving(Handler) as url:
         yield url.removeprefix("http://")
+
+
+@contextmanager
+def serve_manifests(objects: dict[str, tuple[str, bytes]], seen: list[str] | None = None) -> Iterator[str]:
+    """A registry API v2 serving OBJECTS (digest -> (media type, bytes)) at /v2/NAME/manifests/DIGEST, HEAD and GET,
+    with Content-Type and Docker-Content-Digest, as unkind as a real one: no Bearer token, a 401 with a challenge
+    naming this server's token endpoint; a GET whose Accept does not list the object's media type, 404 (a
+    registry serves no type the client did not ask for); any other path, 404. SEEN collects "METHOD PATH
+    AUTHORIZATION" of each manifest request. Yields host:port, to put in an image reference."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            self.do_GET(head=True)
+
+        def do_GET(self, head: bool = False) -> None:
+            if self.path.partition("?")[0] == "/token":
+                self._answer(200, "application/json", json.dumps({"token": REGISTRY_TOKEN}).encode(), head)
+                return
+            authorization = self.headers.get("Authorization") or "none"
+            if seen is not None and "/manifests/" in self.path:
+                seen.append(f"{self.command} {self.path} {authorization}")
+            if authorization != f"Bearer {REGISTRY_TOKEN}":
+                self.send_response(401)
+                challenge = f'Bearer realm="http://{self.headers["Host"]}/token",service="standin"'
+                self.send_header("WWW-Authenticate", challenge)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            name, _, digest = self.path.partition("/manifests/")
+            accepted = [kind.split(";")[0].strip() for kind in (self.headers.get("Accept") or "").split(",")]
+            found = objects.get(digest) if name.startswith("/v2/") else None
+            if found is None or (not head and found[0] not in accepted):
+                self._answer(404, "application/json", b'{"errors":[{"code":"MANIFEST_UNKNOWN"}]}', head)
+                return
+            self._answer(200, found[0], found[1], head, {"Docker-Content-Digest": digest})
+
+        def _answer(
+            self, status: int, kind: str, body: bytes, head: bool, headers: dict[str, str] | None = None
+        ) -> None:
+            self.send_response(status)
+            for key, value in {"Content-Type": kind, "Content-Length": str(len(body)), **(headers or {})}.items():
+                self.send_header(key, value)
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    with _serving(Handler) as url:
+        yield url.removeprefix("http://")

@@ -8,6 +8,8 @@
                    an offline build makes a `file:` repository of them that apt checks each .deb against
   apex/            compiled parts (Apex's wheel and its source record), built once, taken by hash
   sources/         the source archives the recipe pins (Apex's)
+  base-manifests/  a registry base's index and manifest, the registry's bytes: what holds base.tar to the
+                   lock's repository digest (base_manifests.py)
   manifest.json    the recipe and lock it was made for, the base's image ID, and every file's sha256
 `verlbox build RECIPE --offline DIR` checks all of it against the manifest before the build starts.
 """
@@ -49,6 +51,8 @@ from verlbox.host.recipes.basetree import (
 )
 from verlbox.host.recipes.lock import Lock, LockStep
 from verlbox.host.recipes.schema import Digest, ImageReference, Sha256, Slug, Strict, fault_lines
+from verlbox.host.trust.base_manifests import REMAKE as _REMAKE  # a bundle's base.tar not the lock's base
+from verlbox.host.trust.base_manifests import Platform, check_base_manifests, engine_platform, fetch_base_manifests
 from verlbox.runtime.steps.apex_build import SOURCE_RECORD, _version_tuple, file_sha256  # its own version rule
 from verlbox.runtime.steps.build_steps import DEBIAN_KEYRING
 
@@ -77,6 +81,7 @@ BundlePath = Annotated[str, AfterValidator(_bundle_path)]
 class BundleBase(Strict):
     reference: ImageReference
     image_id: Digest
+    platform: Platform | None = None  # a registry base's: which manifest of its index is the base's
 
 
 class Manifest(Strict):
@@ -123,6 +128,12 @@ def make_bundle(
     # an offline build would refuse another base; canonical, its config is verlbox's own
     canonical_engine_base(plan.base_image, lock.base.tree, plan.recipe.lock_path)
     sources = sources.with_torch_index(plan.recipe.name, plan.torch_index)
+    platform: Platform | None = None
+    base_manifests: dict[str, bytes] = {}
+    if lock.base.digest is not None:  # the registry's chain from the lock's digest to its image ID, held first
+        platform = engine_platform(plan.base_image)
+        with console.status(f"fetching {lock.base.digest}'s manifests from its registry"):
+            base_manifests = fetch_base_manifests(lock.base, platform)
     partial = out.parent / f".{out.name}.partial-{secrets.token_hex(4)}"
     partial.mkdir(parents=True)
     try:
@@ -139,6 +150,9 @@ def make_bundle(
         if lock.base.tree is not None:  # the bytes shipped, not the engine's image a moment before
             with tarfile.open(partial / BASE_ARCHIVE) as saved:
                 _check_tree(saved, out / BASE_ARCHIVE, lock.base.tree)
+        for name, data in base_manifests.items():
+            (partial / name).parent.mkdir(exist_ok=True)
+            (partial / name).write_bytes(data)
         if plan.apex:
             (partial / "sources").mkdir()
             archive = sources.archive(plan.apex.archive_pin(), console)
@@ -149,9 +163,11 @@ def make_bundle(
             recipe=plan.recipe.name,
             recipe_hash=plan.recipe.content_hash,
             lock_hash=lock.content_hash,
-            base=BundleBase(reference=plan.base_image, image_id=base_id),
+            base=BundleBase(reference=plan.base_image, image_id=base_id, platform=platform),
             files=files,
         )
+        # a registry base: the registry's chain from the lock's digest ends at the lock's image ID
+        check_base_manifests(partial, manifest.files, lock.base, platform, shown=out)
         # a wheel that is not the lock's compile: no bundle, and why
         check_compiled(plan, partial, manifest, lock, shown_as=out)
         # and what the offline build will hold its .debs to is here, whole: said now, not years later
@@ -203,7 +219,8 @@ def check_bundle(plan: BuildPlan, bundle: Path) -> Manifest:
 
 
 def check_manifest(plan: BuildPlan, bundle: Path, manifest: Manifest) -> None:
-    """The manifest was made for the plan's recipe and lock: a bundle for another one is bad input."""
+    """The manifest was made for the plan's recipe and lock: a bundle for another one is bad input. A registry
+    base's manifests in the bundle lead from the lock's digest to its image ID, before anything is loaded."""
     path = bundle / MANIFEST
     lock = plan.lock
     assert lock is not None  # an offline plan has a lock
@@ -221,6 +238,7 @@ def check_manifest(plan: BuildPlan, bundle: Path, manifest: Manifest) -> None:
                 f"{path}: {key} is {found}, but recipe {plan.recipe.name} and its lock need {expected}: "
                 "this bundle was made for another recipe or lock"
             )
+    check_base_manifests(bundle, manifest.files, lock.base, manifest.base.platform)
 
 
 def check_files(bundle: Path, manifest: Manifest) -> None:
@@ -531,10 +549,6 @@ def check_base_archive(archive: Path, manifest: Manifest, lock: Lock) -> None:
                 _check_tree(tar, archive, lock.base.tree)
     except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{archive}: not a `docker save` archive ({exc})") from None
-
-
-# a bundle's base.tar that is not the lock's base
-_REMAKE = "ask whoever made the bundle to make it again with this verlbox, from the lock's base"
 
 
 def _check_tree(saved: tarfile.TarFile, archive: Path, locked: str) -> None:
