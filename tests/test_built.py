@@ -14,6 +14,7 @@ import pytest
 
 import tiny_images
 from conftest import docker
+from verlbox.host.recipes.lock import LockedLayer, LockedLayers
 from verlbox.host.trust import built, verify
 from verlbox.host.trust.built import keep, read_facts, read_image, record_path, write_record
 
@@ -132,3 +133,68 @@ def test_a_record_is_the_image_s_every_path(recorded: tuple[str, Path]) -> None:
     data = json.loads(gzip.decompress(record_path(records, image).read_bytes()))
     assert (data["recipe"], data["image"], data["layers"]) == ("tiny", image, layers)
     assert data["files"]["opt/app/module.py"].endswith(hashlib.sha256(MODULE).hexdigest())
+
+
+@pytest.fixture
+def over_a_base(docker_engine: object, tmp_path: Path) -> Iterator[tuple[str, str, LockedLayers]]:
+    """A tiny base and an image of recipe `tiny` over it, both FROM scratch: (the base's tag, the image's tag, the
+    image's layers above the base as a lock names them). No build is recorded."""
+    mark = tiny_images.token()
+    base, tag = f"verlbox-test/built-base:{mark}", f"verlbox-test/built:{mark}"
+    folder = tmp_path / "base"
+    folder.mkdir()
+    (folder / "os-release").write_text("ID=tiny\n")
+    tiny_images.build(folder, "FROM scratch\nCOPY os-release /etc/os-release\n", base)
+    (folder / "module.py").write_bytes(MODULE)
+    tiny_images.build(folder, f"FROM {base}\nLABEL io.verlbox.recipe=tiny\nCOPY module.py /opt/app/module.py\n", tag)
+    _, layers, _ = built.identity(tag)
+    locked = LockedLayers(
+        verlbox="0" * 64, layers=[LockedLayer(diff_id=layers[1], step="COPY module.py /opt/app/module.py")]
+    )
+    yield base, tag, locked
+    docker("image", "rm", tag, base, check=False)
+
+
+def test_an_image_with_the_lock_s_layers_over_its_base_is_not_read_and_needs_no_record(
+    over_a_base: tuple[str, str, LockedLayers], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base, tag, locked = over_a_base
+
+    def never(reference: str) -> None:
+        raise AssertionError("the image was read")
+
+    monkeypatch.setattr(verify, "read_image", never)
+    held = verify.held_to_build(tag, "tiny", tmp_path / "no-records", locked, base)
+    assert (held.facts, held.differences) == (None, [])  # None: its facts are the lock's
+
+
+def test_an_image_with_a_layer_the_lock_lacks_is_read_and_each_such_layer_named(
+    over_a_base: tuple[str, str, LockedLayers], tmp_path: Path
+) -> None:
+    base, tag, locked = over_a_base
+    folder = tmp_path / "derived"
+    folder.mkdir()
+    (folder / "hide.pth").write_text("import os\n")
+    derived = tiny_images.build(folder, f"FROM {tag}\nCOPY hide.pth /opt/app/zz.pth\n")
+    try:
+        image, layers, _ = built.identity(derived)
+        found = verify.held_to_build(derived, "tiny", tmp_path / "no-records", locked, base).differences
+        # a base the engine lacks: the layers cannot be held to the lock's, and nothing else vouches either
+        missing = verify.held_to_build(tag, "tiny", tmp_path / "no-records", locked, base + "-gone").differences
+    finally:
+        docker("image", "rm", derived, check=False)
+    unvouched = (
+        f"image {image[:19]}: no build of recipe tiny is recorded on this host ({tmp_path / 'no-records'}), so "
+        "nothing vouches for its files: build it here (verlbox build tiny)"
+    )
+    assert found == [f"layer 2 above the base: {layers[2][:19]}, which the lock does not list", unvouched]
+    assert (
+        missing[0]
+        == f"layers: base {base}-gone is not on this engine, so the image's layers cannot be held to the lock's"
+    )
+    assert len(missing) == 2
+
+
+def test_a_saved_image_names_what_made_each_layer(over_a_base: tuple[str, str, LockedLayers]) -> None:
+    _, tag, _ = over_a_base
+    assert read_image(tag).steps == ["COPY os-release /etc/os-release", "COPY module.py /opt/app/module.py"]

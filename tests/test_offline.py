@@ -8,16 +8,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import phases
+import tiny_images
 from conftest import REPO, build_cache_ids, ca_arguments, docker, prune_build_cache_since, run_verlbox
+from verlbox import __version__
+from verlbox.host.building.context import image_source_digest
+from verlbox.host.recipes.lock import read_lock
 from verlbox.runtime.steps.apex_build import file_sha256
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -184,6 +190,107 @@ def test_two_clean_offline_builds_give_one_image_id(
         f"image IDs {first.image_id[:19]} and {second.image_id[:19]} differ; layers {differ} of "
         f"{len(first.layers)} (0: the base); files {differing[:40]}"
     )
+
+
+# the step that installs verlbox's own source: its layer follows that source, every other the lock and the bundle
+VERLBOX_SOURCE_STEP = "/tmp/verlbox-src"
+
+
+def test_an_offline_build_makes_the_layers_the_shipped_lock_names(
+    offline_builds: tuple[OfflineBuild, OfflineBuild],
+) -> None:
+    """The lock's layers were recorded from another bundle, another checkout and another day: an offline build
+    repeats them. With another verlbox source than the one they were recorded with, all but its own layer."""
+    lock = read_lock(REPO / "recipes" / "p40-cu124.lock.json")
+    assert lock.layers is not None, "the shipped lock names no layers: verlbox lock p40-cu124 --layers-of IMAGE"
+    _, second = offline_builds
+    base = _inspect(lock.base.reference).layers
+    assert second.layers[: len(base)] == base
+    this_source = lock.layers.verlbox == image_source_digest(__version__)
+    differing = []
+    for number, (want, have) in enumerate(zip_longest(lock.layers.layers, second.layers[len(base) :]), 1):
+        if want is None:
+            differing.append(f"layer {number}: {have}, not in the lock")
+        elif have != want.diff_id and (this_source or VERLBOX_SOURCE_STEP not in want.step):
+            differing.append(f"layer {number} ({want.step}): {have}, lock {want.diff_id}")
+    assert not differing, f"record them again (verlbox lock p40-cu124 --layers-of IMAGE): {differing}"
+
+
+@pytest.fixture(scope="module")
+def layered_recipe(offline_builds: tuple[OfflineBuild, OfflineBuild], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the shipped recipe whose lock names the layers of OFFLINE_TAG, as `verlbox lock --layers-of`
+    records them from the build this session made and recorded."""
+    folder = tmp_path_factory.mktemp("recipes")
+    for name in ("p40-cu124.yaml", "_verl-0.4.1.yaml", "p40-cu124.lock.json"):
+        shutil.copy(REPO / "recipes" / name, folder / name)
+    recipe = folder / "p40-cu124.yaml"
+    result = run_verlbox("lock", str(recipe), "--layers-of", OFFLINE_TAG, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return recipe
+
+
+def _refusing_to_save(image: str, folder: Path) -> dict[str, str]:
+    """An environment whose `docker` refuses to save IMAGE (and runs every other command): a verify that reads
+    the image fails."""
+    folder.mkdir()
+    real = shutil.which("docker")
+    (folder / "docker").write_text(
+        f'#!/bin/sh\ncase " $* " in *" save "*" {image} "*) echo "refused: saving {image}" >&2; exit 1;; esac\n'
+        f'exec {real} "$@"\n'
+    )
+    (folder / "docker").chmod(0o755)
+    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_an_image_with_the_lock_s_layers_matches_with_no_record_and_nothing_read(
+    offline_builds: tuple[OfflineBuild, OfflineBuild], layered_recipe: Path, tmp_path: Path
+) -> None:
+    lock_file = layered_recipe.parent / "p40-cu124.lock.json"
+    written = read_lock(lock_file)
+    assert written.layers is not None
+    _, second = offline_builds
+    assert [*_inspect(written.base.reference).layers, *written.layers.diff_ids] == second.layers
+    assert written.content_hash == read_lock(REPO / "recipes" / "p40-cu124.lock.json").content_hash
+    assert "steps.sh --offline pip torch" in written.layers.layers[2].step
+    env = _refusing_to_save(OFFLINE_TAG, tmp_path / "bin") | {"XDG_STATE_HOME": str(tmp_path / "no-state")}
+    assert (
+        "refused"
+        in subprocess.run(
+            ["docker", "image", "save", OFFLINE_TAG], env=os.environ | env, capture_output=True, text=True
+        ).stderr
+    )
+    result = run_verlbox("verify", OFFLINE_TAG, "--recipe", str(layered_recipe), env=env)
+    assert (result.returncode, result.stdout) == (0, f"{OFFLINE_TAG} matches {lock_file}\n"), result.stderr
+
+
+def test_an_image_with_a_layer_the_lock_does_not_name_is_named_by_that_layer(
+    layered_recipe: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "derived"
+    folder.mkdir()
+    (folder / "zz-hide.pth").write_text("import os\n")
+    derived = tiny_images.build(
+        folder, f"FROM {OFFLINE_TAG}\nCOPY zz-hide.pth /opt/venv/lib/python3.11/site-packages/zz-hide.pth\n"
+    )
+    try:
+        image, layers = _inspect(derived).image_id, _inspect(derived).layers
+        env = {"XDG_STATE_HOME": str(tmp_path / "no-state")}
+        result = run_verlbox("verify", derived, "--recipe", str(layered_recipe), env=env, timeout=900)
+    finally:
+        docker("image", "rm", derived, check=False)
+    records = tmp_path / "no-state" / "verlbox" / "images"
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        f"layer {len(layers) - 1} above the base: {layers[-1][:19]}, which the lock does not list",
+        f"image {image[:19]}: no build of recipe p40-cu124 is recorded on this host ({records}), so nothing "
+        "vouches for its files: build it here (verlbox build p40-cu124)",
+    ]
+
+
+def test_an_online_build_s_layers_are_not_recorded(image: str, layered_recipe: Path) -> None:
+    result = run_verlbox("lock", str(layered_recipe), "--layers-of", image, timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"{image} is not an offline build" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def _crafted(bundle: Path, into: Path, change: Callable[[Path], object]) -> Path:

@@ -128,7 +128,11 @@ EXAMPLES = {
         "verlbox build p40 --check               # seconds: is every pin still served upstream?",
         "verlbox build p40-cu124 --offline bundle/",
     ],
-    "lock": ["verlbox lock p40-cu124", "verlbox lock ./mine.yaml --image mine/p40:1"],
+    "lock": [
+        "verlbox lock p40-cu124",
+        "verlbox lock ./mine.yaml --image mine/p40:1",
+        "verlbox lock p40-cu124 --layers-of verlbox/p40-cu124:offline",
+    ],
     "bundle": ["verlbox bundle p40-cu124 --out bundle/"],
     "verify": [f"verlbox verify verlbox/p40-cu124:{__version__}", "verlbox verify mine/p40:1 --recipe ./mine.yaml"],
     "images": [
@@ -316,6 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
         sub[name].add_argument("recipe", help=RECIPE_HELP)
         sub[name].add_argument("--image", help="default: verlbox/NAME:VERSION")
     sub["lock"].add_argument("--out", help="write the lock here (default: beside a recipe file of yours)")
+    sub["lock"].add_argument(
+        "--layers-of",
+        metavar="IMAGE",
+        help="add to the recipe's lock the layers of IMAGE, an offline build of it made and verified on this host "
+        "(the lock's hash stays): verify of an image with those layers then reads nothing",
+    )
     sub["smoke"].add_argument("--gpu", action="store_true", help="also run the GPU tier (docker run --gpus all)")
     sub["smoke"].add_argument(
         "--learn",

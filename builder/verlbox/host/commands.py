@@ -284,11 +284,43 @@ def lock(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe)
     target = lock_target(recipe, Path(args.out) if args.out else None)
+    if args.layers_of:
+        if args.image:
+            raise UsageError("--image and --layers-of: give one (--layers-of adds an offline build's layers)")
+        return _lock_layers(recipe, target, args.layers_of)
     dockerfile = render_dockerfile(BuildPlan(recipe, use_lock=False))
     lock = lock_from_image(recipe.name, recipe.content_hash, dockerfile, image_for(args))
     write_lock(target, lock)
     counts = {kind: len(lock.packages(kind)) for kind in ("pip", "apt")}
     err.print(f"wrote {target} ({counts['pip']} Python files, {counts['apt']} Debian packages, hashed)")
+    return 0
+
+
+def _lock_layers(recipe: RecipeHead, target: Path, image: str) -> int:
+    from verlbox.host.clients.engine import require_image
+    from verlbox.host.recipes.lock import image_labels, read_lock, write_lock
+    from verlbox.host.runs.remembered import build_records
+    from verlbox.host.trust.layers import offline_layers
+    from verlbox.host.trust.verify import differences
+
+    require_image(image, "build it offline first: verlbox build RECIPE --offline BUNDLE")
+    if recipe.lock_path is None or not recipe.lock_path.is_file():
+        raise UsageError(f"recipe {recipe.name} has no lock ({recipe.lock_path}): run `verlbox lock` first")
+    locked = read_lock(recipe.lock_path, recipe)
+    labels = image_labels(image)
+    if found := differences(recipe, image, labels, build_records()):
+        raise UsageError(
+            f"{image} differs from {recipe.lock_path} ({len(found)} difference(s); `verlbox verify {image}` names "
+            f"them, the first: {found[0]}): only the layers of an image that matches its lock are recorded"
+        )
+    layers = offline_layers(image, locked, labels["io.verlbox.base"], build_records())
+    if locked.layers and locked.layers.diff_ids != layers.diff_ids:
+        changed = sum(a != b for a, b in zip(locked.layers.diff_ids, layers.diff_ids, strict=False))
+        err.print(f"note: {changed} of the lock's {len(locked.layers.layers)} recorded layers are replaced")
+    write_lock(target, locked.model_copy(update={"layers": layers}))
+    err.print(
+        f"wrote {target}: the {len(layers.layers)} layers of {image} above its base (the lock's hash is unchanged)"
+    )
     return 0
 
 

@@ -7,7 +7,9 @@ plan and package give the same bytes, so the layer cache holds.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from importlib import resources
@@ -49,6 +51,32 @@ include = ["verlbox*"]
 [tool.setuptools.package-data]
 "*" = ["*.yaml", "*.j2", "*.sh", "memcap/*.py", "profiles/*.yaml", "templates/*"]
 """
+
+
+# what of verlbox's own package an image carries (the shipped recipes stay on the host)
+_NOT_CARRIED = ("__pycache__", "*.pyc", "shipped")
+
+
+def image_source(version: str) -> dict[str, bytes]:
+    """The files of verlbox's source an image is built with (its `verlbox-src` context), by relative path."""
+    files = {"pyproject.toml": _IMAGE_PYPROJECT.format(version=version).encode()}
+    ignore = shutil.ignore_patterns(*_NOT_CARRIED)
+    for folder, names, file_names in os.walk(paths.PACKAGE_DIR):
+        skipped = ignore(folder, [*names, *file_names])
+        names[:] = sorted(name for name in names if name not in skipped)
+        for name in sorted(set(file_names) - skipped):
+            path = Path(folder, name)
+            files[str(Path("verlbox", path.relative_to(paths.PACKAGE_DIR)))] = path.read_bytes()
+    return files
+
+
+def image_source_digest(version: str) -> str:
+    """A sha256 over the verlbox source an image of this verlbox carries (paths and bytes): its top layer is built
+    from exactly this, so layers recorded with another digest cannot be this verlbox's."""
+    digest = hashlib.sha256()
+    for path, data in sorted(image_source(version).items()):
+        digest.update(f"{path}\0{len(data)}\0".encode() + data)
+    return digest.hexdigest()
 
 
 def _template_text(name: str) -> str:
@@ -121,7 +149,5 @@ def write_context(
     source = directory / "verlbox-src"
     source.mkdir()
     (source / "pyproject.toml").write_text(_IMAGE_PYPROJECT.format(version=plan.verlbox_version))
-    shutil.copytree(
-        paths.PACKAGE_DIR, source / "verlbox", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "shipped")
-    )
+    shutil.copytree(paths.PACKAGE_DIR, source / "verlbox", ignore=shutil.ignore_patterns(*_NOT_CARRIED))
     return directory

@@ -80,6 +80,24 @@ class LockStep(Strict):
     apt: list[AptEntry] = Field(default_factory=list)
 
 
+class LockedLayer(Strict):
+    diff_id: Digest  # the sha256 of the layer's bytes, as the engine names it
+    step: Text  # what made it, as the image's history says (image_files.layer_steps)
+
+
+class LockedLayers(Strict):
+    """The layers above the base of an offline (bundle) build of the lock, which repeats to the byte: an image whose
+    layers are these holds the files that build verified, wherever it was built."""
+
+    # the verlbox source those builds carry (context.image_source_digest): the top layer is built from it
+    verlbox: Sha256
+    layers: list[LockedLayer]
+
+    @property
+    def diff_ids(self) -> list[str]:
+        return [layer.diff_id for layer in self.layers]
+
+
 class Lock(Strict):
     format: Literal[1] = LOCK_FORMAT
     recipe: Slug
@@ -90,6 +108,9 @@ class Lock(Strict):
     compiled: dict[Slug, list[PipEntry]] = Field(default_factory=dict)
     # the date every file and history entry of an offline (bundle) build is clamped to: the locked build's
     source_date_epoch: NonNegativeInt | None = None
+    # recorded after the lock, from an offline build of it (`verlbox lock --layers-of`): not part of its hash,
+    # which that build's labels, image spec and bundle carry
+    layers: LockedLayers | None = None
 
     @field_validator("steps")
     @classmethod
@@ -101,7 +122,7 @@ class Lock(Strict):
 
     @property
     def content_hash(self) -> str:
-        return hashlib.sha256(self.model_dump_json(exclude_none=True).encode()).hexdigest()
+        return hashlib.sha256(self.model_dump_json(exclude_none=True, exclude={"layers"}).encode()).hexdigest()
 
     def step(self, name: str) -> LockStep | None:
         return next((step for step in self.steps if step.name == name), None)

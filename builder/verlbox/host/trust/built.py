@@ -14,7 +14,7 @@ import gzip
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from email.parser import BytesHeaderParser
 from pathlib import Path
 from typing import Any
@@ -86,6 +86,7 @@ class Record:
     layers: list[str]  # its layers' diff IDs, lowest first
     facts: Facts
     files: dict[str, str]  # path (without the leading /) -> line
+    steps: list[str] = field(default_factory=list)  # what made each layer (records before 2026-12-06: none)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Record:
@@ -109,6 +110,7 @@ def read_image(reference: str) -> Record:
         layers,
         read_facts(files.kept),
         files.lines,
+        files.steps,
     )
 
 

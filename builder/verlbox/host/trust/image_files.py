@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import posixpath
+import re
 import subprocess
 import tarfile
 from collections.abc import Callable, Mapping
@@ -32,6 +33,7 @@ NAMES = {"encoding": "utf-8", "errors": "surrogateescape"}
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 XATTR = "SCHILY.xattr."  # how a pax header carries an extended attribute (Docker's layers use it)
+STEP_WIDTH = 100  # a layer's step as a message shows it
 
 
 @dataclass
@@ -51,6 +53,7 @@ class ImageFiles:
 
     lines: dict[str, str] = field(default_factory=dict)
     kept: dict[str, bytes] = field(default_factory=dict)
+    steps: list[str] = field(default_factory=list)  # what made each layer, lowest first (the config's history)
 
 
 def _keep_nothing(path: str) -> bool:
@@ -159,10 +162,27 @@ def read_saved(stream: IO[bytes], keep: Callable[[str], bool] = _keep_nothing) -
     if len(images) != 1:
         raise ValueError(f"the archive holds {len(images)} images, not one")
     names: list[str] = images[0]["Layers"]
-    files = ImageFiles()
+    files = ImageFiles(steps=layer_steps(json.loads(small[images[0]["Config"]]), len(names)))
     for name in names:
         apply(files, layers[name] if name in layers else read_layer(io.BytesIO(small[name]), keep))
     return names, files
+
+
+def layer_steps(config: Mapping[str, object], layers: int) -> list[str]:
+    """What made each of an image's LAYERS, from its CONFIG's history (entries that made no layer left out), as a
+    reader knows it: `RUN steps.sh pip torch ...` without BuildKit's build arguments, shell or comment."""
+    history = config.get("history")
+    made = [entry for entry in history if not entry.get("empty_layer")] if isinstance(history, list) else []
+    if len(made) != layers:  # an image whose history does not say: its layers go by number alone
+        return [""] * layers
+    return [_short_step(str(entry.get("created_by", ""))) for entry in made]
+
+
+def _short_step(created_by: str) -> str:
+    step = re.sub(r"^RUN \|\d+ (\S+=\S* )*", "RUN ", created_by)
+    step = step.replace("/bin/bash -o pipefail -c ", "").replace("/bin/sh -c ", "").removesuffix(" # buildkit")
+    step = " ".join(step.split())
+    return step if len(step) <= STEP_WIDTH else step[: STEP_WIDTH - 3] + "..."
 
 
 def image_files(reference: str, keep: Callable[[str], bool] = _keep_nothing) -> ImageFiles:

@@ -11,7 +11,8 @@ to the same wheel). And every file: the image's paths against the record `verlbo
 (built.py). An image whose layers' diff IDs are those of its own record is that build's image, and nothing is
 read; any other image of the recipe is read whole and held to the closest recorded build, each path that differs
 named in one line; an image of a recipe no build here recorded is one line too, since nothing can vouch for its
-files.
+files. Where the lock names the layers of its offline build (layers.py), an image with exactly those layers over
+the engine's base is that build's image, wherever it was built: nothing is read, and its versions are the lock's.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from rich.console import Console
 
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.building.plan import BuildPlan
-from verlbox.host.recipes.lock import Lock, base_identity, read_lock
+from verlbox.host.recipes.lock import Lock, LockedLayers, base_identity, read_lock
 from verlbox.host.recipes.recipe import RecipeHead
 from verlbox.host.trust.built import Facts, Record, identity, load_record, read_image, record_path, records_of
 from verlbox.host.trust.image_files import file_differences
+from verlbox.host.trust.layers import layer_differences, layers_of
 
 # installed from the build context or compiled in the build, never from an index: checked otherwise
 NOT_FROM_AN_INDEX = {"verlbox", "apex"}
@@ -38,29 +40,36 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 @dataclass
 class Held:
-    """An image held to the builds recorded on this host: what it says of itself, and its paths that differ."""
+    """An image held to the builds recorded on this host or to the lock's layers: what it says of itself (None: it
+    is the lock's own offline build, layer for layer, whose facts were held to the lock when they were recorded),
+    and its paths or layers that differ."""
 
-    facts: Facts
+    facts: Facts | None
     differences: list[str]
 
 
-def held_to_build(reference: str, recipe: str, records: Path) -> Held:
-    """REFERENCE (an image of RECIPE) against the records in the folder RECORDS."""
+def held_to_build(
+    reference: str, recipe: str, records: Path, locked: LockedLayers | None = None, base: str | None = None
+) -> Held:
+    """REFERENCE (an image of RECIPE, built on the engine's image BASE) against the records in the folder RECORDS,
+    else against the LOCKED layers of its lock."""
     image, layers, _ = identity(reference)
     own = load_record(record_path(records, image))
     # the engine names each layer by the sha256 of its bytes: the same diff IDs are the same files, unread
     if own is not None and own.recipe == recipe and own.layers == layers:
         return Held(own.facts, [])
+    base_layers = layers_of(base) if locked else None
+    if locked and base_layers is not None and layers == base_layers + locked.diff_ids:
+        return Held(None, [])
     now = read_image(reference)
     built = records_of(records, recipe)
     if not built:
-        return Held(
-            now.facts,
-            [
-                f"image {image[:19]}: no build of recipe {recipe} is recorded on this host ({records}), so nothing "
-                f"vouches for its files: build it here (verlbox build {recipe})"
-            ],
+        by_layer = layer_differences(locked, base, base_layers, layers) if locked else []
+        unvouched = (
+            f"image {image[:19]}: no build of recipe {recipe} is recorded on this host ({records}), so nothing "
+            f"vouches for its files: build it here (verlbox build {recipe})"
         )
+        return Held(now.facts, [*by_layer, unvouched])
     found, closest = min(((file_differences(record.files, now.files), record) for record in built), key=_fewest)
     if found:
         err.print(f"note: {reference}'s files are held to the build of {closest.image[:19]}", markup=False)
@@ -124,7 +133,10 @@ def differences(recipe: RecipeHead, image: str, labels: dict[str, str], records:
         found.append(
             f"lock {recipe.lock_path.name} was made for recipe hash {lock.recipe_hash[:12]}: run `verlbox lock`"
         )
-    held = held_to_build(image, recipe.name, records)
+    found += _base_differences(lock, labels.get("io.verlbox.base"))
+    held = held_to_build(image, recipe.name, records, lock.layers, labels.get("io.verlbox.base"))
+    if held.facts is None:  # the lock's own layers: its versions are the lock's
+        return found
     pip_locked = {canonicalize_name(name): version for name, version in lock.packages("pip").items()}
     found += _compare("python", pip_locked, held.facts.pip)
     unlocked = sorted(set(held.facts.pip) - set(pip_locked) - NOT_FROM_AN_INDEX)
@@ -137,7 +149,6 @@ def differences(recipe: RecipeHead, image: str, labels: dict[str, str], records:
     apex = getattr(recipe, "apex", None)
     if apex and held.facts.apex != apex.commit:
         found.append(f"apex: image built from {held.facts.apex or 'an unrecorded source'}, recipe pins {apex.commit}")
-    found += _base_differences(lock, labels.get("io.verlbox.base"))
     return found + _compiled_differences(lock, held.facts.compiled) + held.differences
 
 

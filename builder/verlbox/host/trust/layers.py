@@ -1,0 +1,109 @@
+"""A lock's layers: the diff IDs of an offline (bundle) build of the lock above its base. Offline builds repeat to
+the byte (one image ID from two `--no-cache` builds), so an image whose layers are the lock's holds the files that
+build held, wherever it was built: `verlbox verify` of such an image compares digests and reads nothing.
+
+`verlbox lock RECIPE --layers-of IMAGE` records them from an offline build this host made, recorded and verified
+(built.py); they stay out of the lock's hash, which that very build carries in its labels. The top layer is built
+from verlbox's own source, so layers recorded with another verlbox match no image this one builds (a note says so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from itertools import zip_longest
+from pathlib import Path
+
+from rich.console import Console
+
+from verlbox import __version__
+from verlbox.errors import UsageError, VerlboxError
+from verlbox.host.building.context import image_source, image_source_digest
+from verlbox.host.recipes.lock import Lock, LockedLayer, LockedLayers, image_created
+from verlbox.host.trust.built import identity, load_record, read_image, record_path, write_record
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+OFFLINE_STEP = "steps.sh --offline "  # how an offline build's history names its install steps
+# verlbox's package in an image (every recipe's Python is the venv at /opt/venv)
+CARRIED = re.compile(r"opt/venv/lib/python[^/]+/site-packages/verlbox/(.+)")
+
+
+def layers_of(reference: str | None) -> list[str] | None:
+    """The engine's image REFERENCE's layers' diff IDs, or None where it is not there."""
+    try:
+        return identity(reference)[1] if reference else None
+    except VerlboxError:
+        return None
+
+
+def layer_differences(
+    locked: LockedLayers, base: str | None, base_layers: list[str] | None, layers: list[str]
+) -> list[str]:
+    """A line per layer of an image (LAYERS, over the engine's BASE with BASE_LAYERS) that is not the LOCKED one."""
+    if base_layers is None:
+        return [f"layers: base {base} is not on this engine, so the image's layers cannot be held to the lock's"]
+    if layers[: len(base_layers)] != base_layers:
+        return [f"layers: the image is not built on this engine's {base}, so its layers are not the lock's"]
+    found = []
+    for number, (want, have) in enumerate(zip_longest(locked.layers, layers[len(base_layers) :]), 1):
+        if want is None:
+            found.append(f"layer {number} above the base: {have[:19]}, which the lock does not list")
+        elif have != want.diff_id:
+            found.append(
+                f"layer {number} above the base ({want.step}): {(have or 'absent')[:19]}, lock {want.diff_id[:19]}"
+            )
+    if found and locked.verlbox != image_source_digest(__version__):
+        note = "the lock's layers were recorded with another verlbox source, so this verlbox's top layers differ"
+        err.print(f"note: {note}", markup=False)
+    return found
+
+
+def other_source(files: Mapping[str, str]) -> str | None:
+    """How the verlbox an image's FILES (a record's lines) carry differs from this verlbox's source, else None."""
+    carried = {
+        match.group(1): line.rpartition(" sha256:")[2]
+        for path, line in files.items()
+        if (match := CARRIED.fullmatch(path)) and line.startswith("file ") and "__pycache__/" not in match.group(1)
+    }
+    if not carried:
+        return "no verlbox package"
+    source = image_source("")  # only the package's files are compared: the version is the labels'
+    for name, digest in sorted(carried.items()):
+        data = source.get(f"verlbox/{name}")
+        if data is None or hashlib.sha256(data).hexdigest() != digest:
+            return f"its verlbox/{name} is not this verlbox's"
+    return None
+
+
+def offline_layers(image: str, lock: Lock, base: str, records: Path) -> LockedLayers:
+    """The layers above BASE of IMAGE, an offline build of LOCK that this host recorded (records in the folder
+    RECORDS), for the lock. The caller has verified IMAGE."""
+    image_id, layers, _ = identity(image)
+    record = load_record(record_path(records, image_id))
+    if record is None or record.layers != layers:
+        raise UsageError(f"{image}: no record of its build on this host ({records}): build it here, offline")
+    if not record.steps:  # recorded by an older verlbox, which kept no history: read again once
+        record = read_image(image)
+        write_record(records, record)
+    if differing := other_source(record.files):
+        raise UsageError(
+            f"{image} carries another verlbox than this one ({differing}): its top layer would match no image this "
+            "verlbox builds; build it offline with this verlbox"
+        )
+    if not any(step.startswith("RUN ") and OFFLINE_STEP in step for step in record.steps):
+        raise UsageError(
+            f"{image} is not an offline build (its history runs no `{OFFLINE_STEP.strip()}` step): an online build "
+            "does not repeat to the byte, so its layers would match no other build; build it from a bundle "
+            "(verlbox build RECIPE --offline BUNDLE)"
+        )
+    if lock.source_date_epoch is not None and image_created(image) != lock.source_date_epoch:
+        raise UsageError(f"{image} is not dated by the lock's source_date_epoch: not an offline build of this lock")
+    base_layers = layers_of(base)
+    if base_layers is None or layers[: len(base_layers)] != base_layers:
+        raise UsageError(f"{image} is not built on this engine's {base}: build it offline on the lock's base")
+    steps = record.steps if len(record.steps) == len(layers) else [""] * len(layers)
+    made = zip(layers[len(base_layers) :], steps[len(base_layers) :], strict=True)
+    locked = [LockedLayer(diff_id=diff_id, step=step) for diff_id, step in made]
+    return LockedLayers(verlbox=image_source_digest(__version__), layers=locked)

@@ -1,0 +1,153 @@
+"""A lock's layers (host/trust/layers.py): the diff IDs of an offline build of the lock, kept out of the lock's hash,
+validated like the rest of it, and held against an image layer by layer, each differing layer named by its step."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO
+from verlbox import paths
+from verlbox.errors import UsageError
+from verlbox.host.building.context import image_source, image_source_digest
+from verlbox.host.recipes.lock import LockedLayer, LockedLayers, read_lock
+from verlbox.host.trust.image_files import STEP_WIDTH, layer_steps
+from verlbox.host.trust.layers import layer_differences, other_source
+
+SHIPPED_LOCK = REPO / "recipes" / "p40-cu124.lock.json"
+BASE = ["sha256:" + "b" * 64]
+
+
+def _digest(mark: str) -> str:
+    return "sha256:" + hashlib.sha256(mark.encode()).hexdigest()
+
+
+def _locked(*marks: str) -> LockedLayers:
+    return LockedLayers(
+        verlbox=image_source_digest("0"),
+        layers=[LockedLayer(diff_id=_digest(mark), step=f"RUN step {mark}") for mark in marks],
+    )
+
+
+def test_each_layer_s_step_is_what_its_history_says_without_buildkit_s_wrapping() -> None:
+    torch = "bash /tmp/verlbox/steps/steps.sh --offline pip torch torch==2.6.0"
+    long = "pip install " + "x" * 200
+    config = {
+        "history": [
+            {"created_by": "verlbox: a debootstrapped base"},
+            {"created_by": "ARG SOURCE_DATE_EPOCH", "empty_layer": True},
+            {"created_by": f"RUN |1 SOURCE_DATE_EPOCH=1796234500 /bin/bash -o pipefail -c {torch} # buildkit"},
+            {"created_by": "COPY image-spec.json /opt/verlbox/image-spec.json # buildkit"},
+            {"created_by": f"RUN /bin/sh -c {long}"},
+        ]
+    }
+    steps = layer_steps(config, 4)
+    spec = "COPY image-spec.json /opt/verlbox/image-spec.json"
+    assert steps[:3] == ["verlbox: a debootstrapped base", f"RUN {torch}", spec]
+    assert len(steps[3]) == STEP_WIDTH and steps[3].startswith("RUN pip install xxx") and steps[3].endswith("...")
+    # a history that does not say which entry made which layer: the layers go by number alone
+    assert layer_steps(config, 5) == [""] * 5
+    assert layer_steps({}, 2) == ["", ""]
+
+
+def test_a_lock_s_layers_are_not_part_of_its_hash_and_read_back_as_written(tmp_path: Path) -> None:
+    lock = read_lock(SHIPPED_LOCK)
+    with_layers = lock.model_copy(update={"layers": _locked("one", "two")})
+    assert with_layers.content_hash == lock.model_copy(update={"layers": None}).content_hash
+    # the hash still follows everything else the lock says
+    assert lock.model_copy(update={"source_date_epoch": 1}).content_hash != lock.content_hash
+    path = tmp_path / "p40-cu124.lock.json"
+    path.write_text(json.dumps(with_layers.model_dump(exclude_none=True)))
+    assert read_lock(path).layers == _locked("one", "two")
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        (lambda layers: layers["layers"][0].update(diff_id="sha256:xyz"), "layers.layers.0.diff_id"),
+        (lambda layers: layers.update(verlbox="not hex"), "layers.verlbox"),
+        (lambda layers: layers["layers"][1].update(step="RUN a\nRUN b"), "layers.layers.1.step"),
+        (lambda layers: layers.update(by="me"), "layers.by: unknown key"),
+    ],
+)
+def test_a_lock_s_layers_are_validated_naming_the_file_and_key(
+    change: Callable[[dict[str, Any]], None], key: str, tmp_path: Path
+) -> None:
+    data = json.loads(SHIPPED_LOCK.read_text())
+    data["layers"] = _locked("one", "two").model_dump()
+    change(data["layers"])
+    path = tmp_path / "p40-cu124.lock.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError) as refused:
+        read_lock(path)
+    assert f"{path}: {key}" in str(refused.value)
+
+
+def test_each_layer_that_is_not_the_lock_s_is_named_with_its_step() -> None:
+    locked = _locked("python", "torch", "verlbox")
+    same = BASE + locked.diff_ids
+    assert layer_differences(locked, "base", BASE, same) == []
+    changed = [*BASE, _digest("python"), _digest("torch, rebuilt"), _digest("verlbox"), _digest("a .pth")]
+    assert layer_differences(locked, "base", BASE, changed) == [
+        f"layer 2 above the base (RUN step torch): {_digest('torch, rebuilt')[:19]}, lock {_digest('torch')[:19]}",
+        f"layer 4 above the base: {_digest('a .pth')[:19]}, which the lock does not list",
+    ]
+    assert layer_differences(locked, "base", BASE, [*BASE, _digest("python")]) == [
+        f"layer 2 above the base (RUN step torch): absent, lock {_digest('torch')[:19]}",
+        f"layer 3 above the base (RUN step verlbox): absent, lock {_digest('verlbox')[:19]}",
+    ]
+
+
+def test_an_image_not_over_the_engine_s_base_is_one_line() -> None:
+    locked = _locked("python")
+    assert layer_differences(locked, "debian:x", None, BASE + locked.diff_ids) == [
+        "layers: base debian:x is not on this engine, so the image's layers cannot be held to the lock's"
+    ]
+    assert layer_differences(locked, "debian:x", [_digest("other base")], BASE + locked.diff_ids) == [
+        "layers: the image is not built on this engine's debian:x, so its layers are not the lock's"
+    ]
+
+
+def test_the_source_digest_follows_what_an_image_carries_of_verlbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "verlbox"
+    shutil.copytree(paths.PACKAGE_DIR, package, ignore=shutil.ignore_patterns("__pycache__", "shipped"))
+    monkeypatch.setattr(paths, "PACKAGE_DIR", package)
+    before = image_source_digest("1.0")
+    (package / "__pycache__").mkdir(exist_ok=True)
+    (package / "__pycache__" / "cli.cpython-311.pyc").write_bytes(b"bytecode")
+    (package / "shipped").mkdir()
+    (package / "shipped" / "mine.yaml").write_text("name: mine\n")
+    assert image_source_digest("1.0") == before  # neither goes into an image
+    assert image_source_digest("1.1") != before  # the image's pyproject names the version
+    (package / "cli.py").write_text((package / "cli.py").read_text() + "# edited\n")
+    assert image_source_digest("1.0") != before
+
+
+def _carried(source: dict[str, bytes]) -> dict[str, str]:
+    """A record's lines for verlbox's package as an image carries SOURCE."""
+    site = "opt/venv/lib/python3.11/site-packages/"
+    return {
+        site + path: f"file 0644 0:0 sha256:{hashlib.sha256(data).hexdigest()}"
+        for path, data in source.items()
+        if path.startswith("verlbox/")
+    }
+
+
+def test_an_image_carrying_another_verlbox_is_named_by_its_first_other_file() -> None:
+    lines = _carried(image_source("0"))
+    assert other_source(lines) is None
+    site = "opt/venv/lib/python3.11/site-packages/"
+    assert other_source(lines | {site + "verlbox/__pycache__/cli.cpython-311.pyc": "file 0644 0:0 sha256:00"}) is None
+    edited = lines | {site + "verlbox/errors.py": "file 0644 0:0 sha256:" + "0" * 64}
+    assert other_source(edited) == "its verlbox/errors.py is not this verlbox's"
+    added = lines | {site + "verlbox/extra.py": "file 0644 0:0 sha256:" + "0" * 64}
+    assert other_source(added) == "its verlbox/extra.py is not this verlbox's"
+    assert other_source({"etc/hostname": "file 0644 0:0 sha256:00"}) == "no verlbox package"
