@@ -149,7 +149,9 @@ def over_a_base(docker_engine: object, tmp_path: Path) -> Iterator[tuple[str, st
     tiny_images.build(folder, f"FROM {base}\nLABEL io.verlbox.recipe=tiny\nCOPY module.py /opt/app/module.py\n", tag)
     _, layers, _ = built.identity(tag)
     locked = LockedLayers(
-        verlbox="0" * 64, layers=[LockedLayer(diff_id=layers[1], step="COPY module.py /opt/app/module.py")]
+        verlbox="0" * 64,
+        layers=[LockedLayer(diff_id=layers[1], step="COPY module.py /opt/app/module.py")],
+        config=built.config_digest(built.runtime_config(tag)),
     )
     yield base, tag, locked
     docker("image", "rm", tag, base, check=False)
@@ -198,3 +200,34 @@ def test_an_image_with_a_layer_the_lock_lacks_is_read_and_each_such_layer_named(
 def test_a_saved_image_names_what_made_each_layer(over_a_base: tuple[str, str, LockedLayers]) -> None:
     _, tag, _ = over_a_base
     assert read_image(tag).steps == ["COPY os-release /etc/os-release", "COPY module.py /opt/app/module.py"]
+
+
+def test_an_image_of_the_lock_s_layers_that_runs_something_else_is_named_by_its_config(
+    over_a_base: tuple[str, str, LockedLayers], tmp_path: Path
+) -> None:
+    """ENTRYPOINT adds no layer: the layers are the lock's, what a container runs is not."""
+    base, tag, locked = over_a_base
+    derived = tiny_images.build(tmp_path / "derived", f'FROM {tag}\nENTRYPOINT ["/opt/app/other"]\n')
+    try:
+        assert built.identity(derived)[1] == built.identity(tag)[1]
+        now = built.config_digest(built.runtime_config(derived))
+        found = verify.held_to_build(derived, "tiny", tmp_path / "no-records", locked, base).differences
+    finally:
+        docker("image", "rm", derived, check=False)
+    assert found[0] == (
+        f"config: sha256 {now[:12]}, the lock's offline build's {locked.config[:12]}: what a container of it runs "
+        "with (entrypoint, command, environment, user, labels) is not that build's"
+    )
+    assert len(found) == 2 and "nothing vouches for its files" in found[1]
+
+
+def test_a_changed_entrypoint_is_one_line_against_the_build_s_record(
+    recorded: tuple[str, Path], tmp_path: Path
+) -> None:
+    tag, records = recorded
+    derived = tiny_images.build(tmp_path / "derived", f'FROM {tag}\nENTRYPOINT ["/opt/app/other"]\n')
+    try:
+        found = verify.held_to_build(derived, "tiny", records).differences
+    finally:
+        docker("image", "rm", derived, check=False)
+    assert found == ['config Entrypoint: image ["/opt/app/other"], built absent']

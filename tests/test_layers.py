@@ -17,11 +17,13 @@ from verlbox import paths
 from verlbox.errors import UsageError
 from verlbox.host.building.context import image_source, image_source_digest
 from verlbox.host.recipes.lock import LockedLayer, LockedLayers, read_lock
+from verlbox.host.trust.built import config_differences
 from verlbox.host.trust.image_files import STEP_WIDTH, layer_steps
 from verlbox.host.trust.layers import layer_differences, other_source
 
 SHIPPED_LOCK = REPO / "recipes" / "p40-cu124.lock.json"
 BASE = ["sha256:" + "b" * 64]
+CONFIG = "c" * 64  # the locked build's runtime config, by digest
 
 
 def _digest(mark: str) -> str:
@@ -32,6 +34,7 @@ def _locked(*marks: str) -> LockedLayers:
     return LockedLayers(
         verlbox=image_source_digest("0"),
         layers=[LockedLayer(diff_id=_digest(mark), step=f"RUN step {mark}") for mark in marks],
+        config=CONFIG,
     )
 
 
@@ -74,6 +77,7 @@ def test_a_lock_s_layers_are_not_part_of_its_hash_and_read_back_as_written(tmp_p
         (lambda layers: layers.update(verlbox="not hex"), "layers.verlbox"),
         (lambda layers: layers["layers"][1].update(step="RUN a\nRUN b"), "layers.layers.1.step"),
         (lambda layers: layers.update(by="me"), "layers.by: unknown key"),
+        (lambda layers: layers.pop("config"), "layers.config: required key is missing"),
     ],
 )
 def test_a_lock_s_layers_are_validated_naming_the_file_and_key(
@@ -92,13 +96,13 @@ def test_a_lock_s_layers_are_validated_naming_the_file_and_key(
 def test_each_layer_that_is_not_the_lock_s_is_named_with_its_step() -> None:
     locked = _locked("python", "torch", "verlbox")
     same = BASE + locked.diff_ids
-    assert layer_differences(locked, "base", BASE, same) == []
+    assert layer_differences(locked, "base", BASE, same, CONFIG) == []
     changed = [*BASE, _digest("python"), _digest("torch, rebuilt"), _digest("verlbox"), _digest("a .pth")]
-    assert layer_differences(locked, "base", BASE, changed) == [
+    assert layer_differences(locked, "base", BASE, changed, CONFIG) == [
         f"layer 2 above the base (RUN step torch): {_digest('torch, rebuilt')[:19]}, lock {_digest('torch')[:19]}",
         f"layer 4 above the base: {_digest('a .pth')[:19]}, which the lock does not list",
     ]
-    assert layer_differences(locked, "base", BASE, [*BASE, _digest("python")]) == [
+    assert layer_differences(locked, "base", BASE, [*BASE, _digest("python")], CONFIG) == [
         f"layer 2 above the base (RUN step torch): absent, lock {_digest('torch')[:19]}",
         f"layer 3 above the base (RUN step verlbox): absent, lock {_digest('verlbox')[:19]}",
     ]
@@ -106,10 +110,10 @@ def test_each_layer_that_is_not_the_lock_s_is_named_with_its_step() -> None:
 
 def test_an_image_not_over_the_engine_s_base_is_one_line() -> None:
     locked = _locked("python")
-    assert layer_differences(locked, "debian:x", None, BASE + locked.diff_ids) == [
+    assert layer_differences(locked, "debian:x", None, BASE + locked.diff_ids, CONFIG) == [
         "layers: base debian:x is not on this engine, so the image's layers cannot be held to the lock's"
     ]
-    assert layer_differences(locked, "debian:x", [_digest("other base")], BASE + locked.diff_ids) == [
+    assert layer_differences(locked, "debian:x", [_digest("other base")], BASE + locked.diff_ids, CONFIG) == [
         "layers: the image is not built on this engine's debian:x, so its layers are not the lock's"
     ]
 
@@ -151,3 +155,34 @@ def test_an_image_carrying_another_verlbox_is_named_by_its_first_other_file() ->
     added = lines | {site + "verlbox/extra.py": "file 0644 0:0 sha256:" + "0" * 64}
     assert other_source(added) == "its verlbox/extra.py is not this verlbox's"
     assert other_source({"etc/hostname": "file 0644 0:0 sha256:00"}) == "no verlbox package"
+
+
+def test_an_image_that_runs_other_things_over_the_lock_s_layers_is_named_by_its_config() -> None:
+    locked = _locked("python")
+    assert layer_differences(locked, "base", BASE, BASE + locked.diff_ids, "d" * 64) == [
+        "config: sha256 dddddddddddd, the lock's offline build's cccccccccccc: what a container of it runs with "
+        "(entrypoint, command, environment, user, labels) is not that build's"
+    ]
+
+
+def test_each_part_of_the_runtime_config_that_differs_is_one_line() -> None:
+    built = {
+        "Entrypoint": ["verlbox"],
+        "Cmd": ["train"],
+        "Env": ["PATH=/opt/venv/bin:/usr/bin", "HF_HUB_OFFLINE=1"],
+        "Labels": {"io.verlbox.recipe": "p40-cu124", "io.verlbox.pin.torch": "2.6.0"},
+        "Os": "linux",
+    }
+    assert config_differences(built, dict(built)) == []
+    now = built | {
+        "Entrypoint": ["python", "-c", "print('forged')"],
+        "Env": ["PATH=/opt/venv/bin:/usr/bin", "HF_HUB_OFFLINE=1", "LD_PRELOAD=/tmp/x.so"],
+        "Labels": {"io.verlbox.recipe": "p40-cu124", "io.verlbox.pin.torch": "2.7.0"},
+        "User": "0",
+    }
+    assert config_differences(built, now) == [
+        'config Entrypoint: image ["python", "-c", "print(\'forged\')"], built ["verlbox"]',
+        'config Env LD_PRELOAD: image "/tmp/x.so", built absent',
+        'config User: image "0", built absent',
+        'config label io.verlbox.pin.torch: image "2.7.0", built "2.6.0"',
+    ]

@@ -1,6 +1,7 @@
 """Images changed after their build, as one who can change an image would, each caught by `verlbox verify` in one
-line naming the file, whatever the image's own files say: verify runs nothing of the image and holds its files to
-the host's record of the build (host/trust/built.py). And the untouched image matches in seconds, unread."""
+line naming the file (or the part of its config), whatever the image's own files say: verify runs nothing of the
+image and holds its files and config to the host's record of the build (host/trust/built.py). And the untouched
+image matches in seconds, unread."""
 
 from __future__ import annotations
 
@@ -92,3 +93,15 @@ def test_a_forged_checked_hash_pyc_is_named(image: str, tmp_path: Path) -> None:
     lines = verified(tag)
     pyc = f"/{SITE}/verlbox/__pycache__/__init__.cpython-311.pyc"
     assert len(lines) == 1 and lines[0].startswith(f"file {pyc}: changed since the build (file 0644 0:0 sha256 "), lines
+
+
+def test_an_entrypoint_that_runs_other_code_is_named(image: str, tmp_path: Path) -> None:
+    """No file changes and no layer is added: what a container runs is the image's config, held to the build's too."""
+    forged = '["python", "-c", "print(\'forged\')", "--"]'
+    tag = tampered(image, tmp_path, "entrypoint", f'ENTRYPOINT {forged}\nCMD ["train"]\n')
+    assert (
+        docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", tag).stdout
+        == docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", image).stdout
+    )
+    assert docker("run", "--rm", tag).stdout == "forged\n"  # the forgery is real: a container runs it
+    assert verified(tag) == [f'config Entrypoint: image {forged}, built ["verlbox"]']

@@ -92,6 +92,8 @@ class LockedLayers(Strict):
     # the verlbox source those builds carry (context.image_source_digest): the top layer is built from it
     verlbox: Sha256
     layers: list[LockedLayer]
+    # what a container of that build runs with (built.runtime_config's digest): no layer holds it
+    config: Sha256
 
     @property
     def diff_ids(self) -> list[str]:

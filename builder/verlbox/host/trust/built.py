@@ -11,6 +11,7 @@ Every path is recorded, not only those that run: a data file can decide what run
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -87,6 +88,7 @@ class Record:
     facts: Facts
     files: dict[str, str]  # path (without the leading /) -> line
     steps: list[str] = field(default_factory=list)  # what made each layer (records before 2026-12-06: none)
+    config: dict[str, Any] = field(default_factory=dict)  # what a container runs with (runtime_config; before: none)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Record:
@@ -97,6 +99,58 @@ def identity(reference: str) -> tuple[str, list[str], dict[str, str]]:
     """(image ID, layers' diff IDs, labels) of the engine's image REFERENCE."""
     inspected = json.loads(docker_output("image", "inspect", reference))[0]
     return inspected["Id"], list(inspected["RootFS"].get("Layers") or []), inspected["Config"].get("Labels") or {}
+
+
+# the image config's parts that say what a container of it runs and how (entrypoint, command, environment, user,
+# working folder, shell, volumes, labels...), not its parent image's ID or a container's terminal settings
+NOT_RUNTIME = {"Image", "Hostname", "Domainname", "AttachStdin", "AttachStdout", "AttachStderr", "Tty", "OpenStdin"}
+NOT_RUNTIME |= {"StdinOnce"}
+
+
+def runtime_config(reference: str) -> dict[str, Any]:
+    """What a container of the engine's image REFERENCE runs with, and its platform: no file says it, so a layer's
+    digest does not either (`ENTRYPOINT ["python", "-c", ...]` adds no layer). Empty values are left out: engines
+    differ in which they list."""
+    inspected = json.loads(docker_output("image", "inspect", reference))[0]
+    config = {
+        key: value
+        for key, value in (inspected.get("Config") or {}).items()
+        if key not in NOT_RUNTIME and value not in (None, "", [], {}, False)
+    }
+    return config | {key: inspected[key] for key in ("Os", "Architecture", "Variant") if inspected.get(key)}
+
+
+def config_digest(config: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def config_differences(built: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """One line per part of the runtime config (a label, an environment variable, the entrypoint...) that differs
+    between BUILT (the record) and NOW (the image)."""
+    was, has = _config_parts(built), _config_parts(now)
+    return [
+        f"config {name}: image {_shown(has.get(name))}, built {_shown(was.get(name))}"
+        for name in sorted(was.keys() | has.keys())
+        if was.get(name) != has.get(name)
+    ]
+
+
+def _config_parts(config: Mapping[str, Any]) -> dict[str, Any]:
+    """CONFIG as the parts a message names: each label and each environment variable apart (a changed pin or
+    variable names itself), the rest by key."""
+    parts: dict[str, Any] = {}
+    for key, value in config.items():
+        if key == "Labels":
+            parts |= {f"label {name}": text for name, text in value.items()}
+        elif key == "Env":
+            parts |= {f"Env {name}": text for name, _, text in (entry.partition("=") for entry in value)}
+        else:
+            parts[key] = value
+    return parts
+
+
+def _shown(value: Any) -> str:
+    return "absent" if value is None else json.dumps(value)
 
 
 def read_image(reference: str) -> Record:
@@ -111,6 +165,7 @@ def read_image(reference: str) -> Record:
         read_facts(files.kept),
         files.lines,
         files.steps,
+        runtime_config(reference),
     )
 
 

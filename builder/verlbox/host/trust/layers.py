@@ -21,7 +21,15 @@ from verlbox import __version__
 from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.building.context import image_source, image_source_digest
 from verlbox.host.recipes.lock import Lock, LockedLayer, LockedLayers, image_created
-from verlbox.host.trust.built import identity, load_record, read_image, record_path, write_record
+from verlbox.host.trust.built import (
+    config_digest,
+    identity,
+    load_record,
+    read_image,
+    record_path,
+    runtime_config,
+    write_record,
+)
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -39,14 +47,21 @@ def layers_of(reference: str | None) -> list[str] | None:
 
 
 def layer_differences(
-    locked: LockedLayers, base: str | None, base_layers: list[str] | None, layers: list[str]
+    locked: LockedLayers, base: str | None, base_layers: list[str] | None, layers: list[str], config: str
 ) -> list[str]:
-    """A line per layer of an image (LAYERS, over the engine's BASE with BASE_LAYERS) that is not the LOCKED one."""
-    if base_layers is None:
-        return [f"layers: base {base} is not on this engine, so the image's layers cannot be held to the lock's"]
-    if layers[: len(base_layers)] != base_layers:
-        return [f"layers: the image is not built on this engine's {base}, so its layers are not the lock's"]
+    """A line per layer of an image (LAYERS, over the engine's BASE with BASE_LAYERS) that is not the LOCKED one,
+    and one where its runtime config (CONFIG, its digest) is not the locked build's."""
     found = []
+    if config != locked.config:
+        found.append(
+            f"config: sha256 {config[:12]}, the lock's offline build's {locked.config[:12]}: what a container of it "
+            "runs with (entrypoint, command, environment, user, labels) is not that build's"
+        )
+    if base_layers is None:
+        unheld = f"layers: base {base} is not on this engine, so the image's layers cannot be held to the lock's"
+        return [*found, unheld]
+    if layers[: len(base_layers)] != base_layers:
+        return [*found, f"layers: the image is not built on this engine's {base}, so its layers are not the lock's"]
     for number, (want, have) in enumerate(zip_longest(locked.layers, layers[len(base_layers) :]), 1):
         if want is None:
             found.append(f"layer {number} above the base: {have[:19]}, which the lock does not list")
@@ -106,4 +121,5 @@ def offline_layers(image: str, lock: Lock, base: str, records: Path) -> LockedLa
     steps = record.steps if len(record.steps) == len(layers) else [""] * len(layers)
     made = zip(layers[len(base_layers) :], steps[len(base_layers) :], strict=True)
     locked = [LockedLayer(diff_id=diff_id, step=step) for diff_id, step in made]
-    return LockedLayers(verlbox=image_source_digest(__version__), layers=locked)
+    config = config_digest(runtime_config(image))
+    return LockedLayers(verlbox=image_source_digest(__version__), layers=locked, config=config)

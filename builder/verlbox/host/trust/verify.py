@@ -28,7 +28,18 @@ from verlbox.errors import UsageError, VerlboxError
 from verlbox.host.building.plan import BuildPlan
 from verlbox.host.recipes.lock import Lock, LockedLayers, base_identity, read_lock
 from verlbox.host.recipes.recipe import RecipeHead
-from verlbox.host.trust.built import Facts, Record, identity, load_record, read_image, record_path, records_of
+from verlbox.host.trust.built import (
+    Facts,
+    Record,
+    config_differences,
+    config_digest,
+    identity,
+    load_record,
+    read_image,
+    record_path,
+    records_of,
+    runtime_config,
+)
 from verlbox.host.trust.image_files import file_differences
 from verlbox.host.trust.layers import layer_differences, layers_of
 
@@ -59,21 +70,29 @@ def held_to_build(
     if own is not None and own.recipe == recipe and own.layers == layers:
         return Held(own.facts, [])
     base_layers = layers_of(base) if locked else None
-    if locked and base_layers is not None and layers == base_layers + locked.diff_ids:
+    config = config_digest(runtime_config(reference))
+    if locked and base_layers is not None and layers == base_layers + locked.diff_ids and config == locked.config:
         return Held(None, [])
     now = read_image(reference)
     built = records_of(records, recipe)
     if not built:
-        by_layer = layer_differences(locked, base, base_layers, layers) if locked else []
+        by_layer = layer_differences(locked, base, base_layers, layers, config) if locked else []
         unvouched = (
             f"image {image[:19]}: no build of recipe {recipe} is recorded on this host ({records}), so nothing "
             f"vouches for its files: build it here (verlbox build {recipe})"
         )
         return Held(now.facts, [*by_layer, unvouched])
-    found, closest = min(((file_differences(record.files, now.files), record) for record in built), key=_fewest)
+    found, closest = min(((_differences(record, now), record) for record in built), key=_fewest)
     if found:
         err.print(f"note: {reference}'s files are held to the build of {closest.image[:19]}", markup=False)
     return Held(now.facts, found)
+
+
+def _differences(built: Record, now: Record) -> list[str]:
+    """Each path, and each part of what a container runs with, that differs between the BUILT record and NOW (a
+    record before 2026-12-06 kept no config: its files only)."""
+    config = config_differences(built.config, now.config) if built.config else []
+    return file_differences(built.files, now.files) + config
 
 
 def _fewest(pair: tuple[list[str], Record]) -> int:
