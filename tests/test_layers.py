@@ -13,10 +13,12 @@ from typing import Any
 import pytest
 
 from conftest import REPO
-from verlbox import paths
+from verlbox import __version__, paths
 from verlbox.errors import UsageError
 from verlbox.host.building.context import image_source, image_source_digest
 from verlbox.host.recipes.lock import LockedLayer, LockedLayers, read_lock
+from verlbox.host.trust import built
+from verlbox.host.trust import layers as layers_module
 from verlbox.host.trust.built import config_differences
 from verlbox.host.trust.image_files import STEP_WIDTH, layer_steps
 from verlbox.host.trust.layers import layer_differences, other_source
@@ -57,6 +59,9 @@ def test_each_layer_s_step_is_what_its_history_says_without_buildkit_s_wrapping(
     # a history that does not say which entry made which layer: the layers go by number alone
     assert layer_steps(config, 5) == [""] * 5
     assert layer_steps({}, 2) == ["", ""]
+    # a crafted config is no reason to fail: its layers go by number
+    assert layer_steps({"history": [1]}, 1) == [""]
+    assert layer_steps([], 1) == [""]
 
 
 def test_a_lock_s_layers_are_not_part_of_its_hash_and_read_back_as_written(tmp_path: Path) -> None:
@@ -78,6 +83,8 @@ def test_a_lock_s_layers_are_not_part_of_its_hash_and_read_back_as_written(tmp_p
         (lambda layers: layers["layers"][1].update(step="RUN a\nRUN b"), "layers.layers.1.step"),
         (lambda layers: layers.update(by="me"), "layers.by: unknown key"),
         (lambda layers: layers.pop("config"), "layers.config: required key is missing"),
+        # none at all would make the bare base, relabelled, "the build" (the layers are outside the lock's hash)
+        (lambda layers: layers.update(layers=[]), "layers.layers: List should have at least 1 item"),
     ],
 )
 def test_a_lock_s_layers_are_validated_naming_the_file_and_key(
@@ -112,6 +119,9 @@ def test_an_image_not_over_the_engine_s_base_is_one_line() -> None:
     locked = _locked("python")
     assert layer_differences(locked, "debian:x", None, BASE + locked.diff_ids, CONFIG) == [
         "layers: base debian:x is not on this engine, so the image's layers cannot be held to the lock's"
+    ]
+    assert layer_differences(locked, None, None, BASE + locked.diff_ids, CONFIG) == [
+        "layers: the image names no base (no io.verlbox.base label), so its layers are not the lock's"
     ]
     assert layer_differences(locked, "debian:x", [_digest("other base")], BASE + locked.diff_ids, CONFIG) == [
         "layers: the image is not built on this engine's debian:x, so its layers are not the lock's"
@@ -186,3 +196,73 @@ def test_each_part_of_the_runtime_config_that_differs_is_one_line() -> None:
         'config User: image "0", built absent',
         'config label io.verlbox.pin.torch: image "2.7.0", built "2.6.0"',
     ]
+
+
+@pytest.fixture
+def offline_record(monkeypatch: pytest.MonkeyPatch) -> built.Record:
+    """The engine and the records faked at their boundary: an image of layers BASE + two, recorded as an offline
+    build carrying this verlbox, dated by the lock, over the engine's BASE."""
+    layers = [*BASE, _digest("python"), _digest("verlbox")]
+    record = built.Record(
+        recipe="p40-cu124",
+        lock_hash=None,
+        image="sha256:" + "1" * 64,
+        layers=layers,
+        facts=built.Facts({}, {}, None, {}),
+        files=_carried(image_source("0")),
+        steps=["verlbox: a debootstrapped base", "RUN bash steps.sh --offline apt python", "RUN pip install x"],
+        config={"Entrypoint": ["verlbox"]},
+    )
+    monkeypatch.setattr(layers_module, "identity", lambda image: (record.image, layers, {}))
+    monkeypatch.setattr(layers_module, "load_record", lambda path: record)
+    monkeypatch.setattr(layers_module, "image_created", lambda image: 1000)
+    monkeypatch.setattr(layers_module, "layers_of", lambda base: BASE if base == "base" else None)
+    monkeypatch.setattr(layers_module, "runtime_config", lambda image: record.config)
+    return record
+
+
+def _offline_layers(lock_epoch: int = 1000, base: str = "base") -> LockedLayers:
+    lock = read_lock(SHIPPED_LOCK).model_copy(update={"source_date_epoch": lock_epoch})
+    return layers_module.offline_layers("img", lock, base, Path("records"))
+
+
+def test_an_offline_build_s_layers_are_taken_above_its_base_with_their_steps(offline_record: built.Record) -> None:
+    locked = _offline_layers()
+    assert locked.diff_ids == offline_record.layers[1:]
+    assert [layer.step for layer in locked.layers] == offline_record.steps[1:]
+    assert locked.config == built.config_digest(offline_record.config)
+    assert locked.verlbox == image_source_digest(__version__)
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        (lambda record: record.steps.__setitem__(1, "RUN bash steps.sh apt python"), "img is not an offline build"),
+        (lambda record: record.files.clear(), "img carries another verlbox than this one (no verlbox package)"),
+    ],
+)
+def test_an_image_that_is_not_this_verlbox_s_offline_build_is_refused(
+    offline_record: built.Record, change: Callable[[built.Record], None], refusal: str
+) -> None:
+    change(offline_record)
+    with pytest.raises(UsageError) as refused:
+        _offline_layers()
+    assert str(refused.value).startswith(refusal)
+
+
+def test_an_image_of_another_date_or_base_is_refused_naming_both(offline_record: built.Record) -> None:
+    with pytest.raises(UsageError) as refused:
+        _offline_layers(lock_epoch=999)
+    assert "img was made at 1000, not at the lock's source_date_epoch 999" in str(refused.value)
+    with pytest.raises(UsageError) as refused:
+        _offline_layers(base="gone")
+    assert str(refused.value).startswith("img's base gone is not on this engine")
+
+
+def test_an_image_no_build_here_recorded_is_refused(
+    offline_record: built.Record, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(layers_module, "load_record", lambda path: None)
+    with pytest.raises(UsageError) as refused:
+        _offline_layers()
+    assert str(refused.value).startswith("img: no record of its build on this host (records)")

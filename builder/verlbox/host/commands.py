@@ -300,14 +300,17 @@ def _lock_layers(recipe: RecipeHead, target: Path, image: str) -> int:
     from verlbox.host.clients.engine import require_image
     from verlbox.host.recipes.lock import image_labels, read_lock, write_lock
     from verlbox.host.runs.remembered import build_records
+    from verlbox.host.trust.built import identity, load_record, record_path
     from verlbox.host.trust.layers import offline_layers
     from verlbox.host.trust.verify import differences
 
-    require_image(image, "build it offline first: verlbox build RECIPE --offline BUNDLE")
+    require_image(image, f"build it offline first: verlbox build {recipe.name} --offline BUNDLE")
     if recipe.lock_path is None or not recipe.lock_path.is_file():
         raise UsageError(f"recipe {recipe.name} has no lock ({recipe.lock_path}): run `verlbox lock` first")
     locked = read_lock(recipe.lock_path, recipe)
     labels = image_labels(image)
+    if load_record(record_path(build_records(), identity(image)[0])) is None:  # before verify would read it whole
+        raise UsageError(f"{image}: no record of its build on this host ({build_records()}): build it here, offline")
     if found := differences(recipe, image, labels, build_records()):
         raise UsageError(
             f"{image} differs from {recipe.lock_path} ({len(found)} difference(s); `verlbox verify {image}` names "
@@ -315,8 +318,8 @@ def _lock_layers(recipe: RecipeHead, target: Path, image: str) -> int:
         )
     layers = offline_layers(image, locked, labels["io.verlbox.base"], build_records())
     if locked.layers and locked.layers.diff_ids != layers.diff_ids:
-        changed = sum(a != b for a, b in zip(locked.layers.diff_ids, layers.diff_ids, strict=False))
-        err.print(f"note: {changed} of the lock's {len(locked.layers.layers)} recorded layers are replaced")
+        kept = sum(a == b for a, b in zip(locked.layers.diff_ids, layers.diff_ids, strict=False))
+        err.print(f"note: the lock's {len(locked.layers.layers)} recorded layers replaced ({kept} of them the same)")
     write_lock(target, locked.model_copy(update={"layers": layers}))
     err.print(
         f"wrote {target}: the {len(layers.layers)} layers of {image} above its base (the lock's hash is unchanged)"

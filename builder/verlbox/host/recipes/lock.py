@@ -91,7 +91,7 @@ class LockedLayers(Strict):
 
     # the verlbox source those builds carry (context.image_source_digest): the top layer is built from it
     verlbox: Sha256
-    layers: list[LockedLayer]
+    layers: Annotated[list[LockedLayer], Field(min_length=1)]  # none would make the bare base "the build"
     # what a container of that build runs with (built.runtime_config's digest): no layer holds it
     config: Sha256
 

@@ -131,6 +131,11 @@ def make_bundle(
     platform: Platform | None = None
     base_manifests: dict[str, bytes] = {}
     if lock.base.digest is not None:  # the registry's chain from the lock's digest to its image ID, held first
+        if base_id != lock.base.image_id:  # a moved tag: the offline build would refuse this base.tar
+            raise UsageError(
+                f"base image {plan.base_image} on this engine is {base_id}, not the lock's {lock.base.image_id} "
+                f"({plan.recipe.lock_path}): pull {lock.base.digest} and tag it {plan.base_image}"
+            )
         platform = engine_platform(plan.base_image)
         with console.status(f"fetching {lock.base.digest}'s manifests from its registry"):
             base_manifests = fetch_base_manifests(lock.base, platform)

@@ -162,17 +162,19 @@ def read_saved(stream: IO[bytes], keep: Callable[[str], bool] = _keep_nothing) -
     if len(images) != 1:
         raise ValueError(f"the archive holds {len(images)} images, not one")
     names: list[str] = images[0]["Layers"]
-    files = ImageFiles(steps=layer_steps(json.loads(small[images[0]["Config"]]), len(names)))
+    config = small.get(images[0]["Config"])  # a config over SMALL is no reason to refuse the image: no steps
+    files = ImageFiles(steps=layer_steps(json.loads(config) if config else {}, len(names)))
     for name in names:
         apply(files, layers[name] if name in layers else read_layer(io.BytesIO(small[name]), keep))
     return names, files
 
 
-def layer_steps(config: Mapping[str, object], layers: int) -> list[str]:
+def layer_steps(config: object, layers: int) -> list[str]:
     """What made each of an image's LAYERS, from its CONFIG's history (entries that made no layer left out), as a
     reader knows it: `RUN steps.sh pip torch ...` without BuildKit's build arguments, shell or comment."""
-    history = config.get("history")
-    made = [entry for entry in history if not entry.get("empty_layer")] if isinstance(history, list) else []
+    history = config.get("history") if isinstance(config, dict) else None
+    entries = history if isinstance(history, list) and all(isinstance(entry, dict) for entry in history) else []
+    made = [entry for entry in entries if not entry.get("empty_layer")]
     if len(made) != layers:  # an image whose history does not say: its layers go by number alone
         return [""] * layers
     return [_short_step(str(entry.get("created_by", ""))) for entry in made]

@@ -1,10 +1,12 @@
 """A lock's layers: the diff IDs of an offline (bundle) build of the lock above its base. Offline builds repeat to
 the byte (one image ID from two `--no-cache` builds), so an image whose layers are the lock's holds the files that
-build held, wherever it was built: `verlbox verify` of such an image compares digests and reads nothing.
+build held, wherever it was built over this host's base: `verlbox verify` of such an image (its config that build's
+too) compares digests and reads nothing.
 
 `verlbox lock RECIPE --layers-of IMAGE` records them from an offline build this host made, recorded and verified
-(built.py); they stay out of the lock's hash, which that very build carries in its labels. The top layer is built
-from verlbox's own source, so layers recorded with another verlbox match no image this one builds (a note says so).
+(built.py), with the digest of what a container of it runs with (its runtime config, which no layer holds); they stay
+out of the lock's hash, which that very build carries in its labels. One layer installs verlbox's own source, so
+layers recorded with another verlbox match no image this one builds (a note says so).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def layer_differences(
             f"config: sha256 {config[:12]}, the lock's offline build's {locked.config[:12]}: what a container of it "
             "runs with (entrypoint, command, environment, user, labels) is not that build's"
         )
+    if base is None:
+        return [*found, "layers: the image names no base (no io.verlbox.base label), so its layers are not the lock's"]
     if base_layers is None:
         unheld = f"layers: base {base} is not on this engine, so the image's layers cannot be held to the lock's"
         return [*found, unheld]
@@ -70,7 +74,7 @@ def layer_differences(
                 f"layer {number} above the base ({want.step}): {(have or 'absent')[:19]}, lock {want.diff_id[:19]}"
             )
     if found and locked.verlbox != image_source_digest(__version__):
-        note = "the lock's layers were recorded with another verlbox source, so this verlbox's top layers differ"
+        note = "the lock's layers were recorded with another verlbox source: the layer that installs it differs"
         err.print(f"note: {note}", markup=False)
     return found
 
@@ -99,7 +103,7 @@ def offline_layers(image: str, lock: Lock, base: str, records: Path) -> LockedLa
     record = load_record(record_path(records, image_id))
     if record is None or record.layers != layers:
         raise UsageError(f"{image}: no record of its build on this host ({records}): build it here, offline")
-    if not record.steps:  # recorded by an older verlbox, which kept no history: read again once
+    if not any(record.steps) or not record.config:  # recorded by an older verlbox, which kept neither: read again
         record = read_image(image)
         write_record(records, record)
     if differing := other_source(record.files):
@@ -113,10 +117,15 @@ def offline_layers(image: str, lock: Lock, base: str, records: Path) -> LockedLa
             "does not repeat to the byte, so its layers would match no other build; build it from a bundle "
             "(verlbox build RECIPE --offline BUNDLE)"
         )
-    if lock.source_date_epoch is not None and image_created(image) != lock.source_date_epoch:
-        raise UsageError(f"{image} is not dated by the lock's source_date_epoch: not an offline build of this lock")
+    if lock.source_date_epoch is not None and (created := image_created(image)) != lock.source_date_epoch:
+        raise UsageError(
+            f"{image} was made at {created}, not at the lock's source_date_epoch {lock.source_date_epoch}: "
+            "not an offline build of this lock"
+        )
     base_layers = layers_of(base)
-    if base_layers is None or layers[: len(base_layers)] != base_layers:
+    if base_layers is None:
+        raise UsageError(f"{image}'s base {base} is not on this engine: its layers cannot be told from the base's")
+    if layers[: len(base_layers)] != base_layers:
         raise UsageError(f"{image} is not built on this engine's {base}: build it offline on the lock's base")
     steps = record.steps if len(record.steps) == len(layers) else [""] * len(layers)
     made = zip(layers[len(base_layers) :], steps[len(base_layers) :], strict=True)
