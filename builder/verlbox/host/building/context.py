@@ -71,8 +71,8 @@ def image_source(version: str) -> dict[str, bytes]:
 
 
 def image_source_digest(version: str) -> str:
-    """A sha256 over the verlbox source an image of this verlbox carries (paths and bytes): its top layer is built
-    from exactly this, so layers recorded with another digest cannot be this verlbox's."""
+    """A sha256 over the verlbox source an image of this verlbox carries (paths and bytes): the layer that installs
+    verlbox is built from exactly this, so layers recorded with another digest cannot be this verlbox's."""
     digest = hashlib.sha256()
     for path, data in sorted(image_source(version).items()):
         digest.update(f"{path}\0{len(data)}\0".encode() + data)

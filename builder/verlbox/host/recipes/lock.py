@@ -89,7 +89,7 @@ class LockedLayers(Strict):
     """The layers above the base of an offline (bundle) build of the lock, which repeats to the byte: an image whose
     layers are these holds the files that build verified, wherever it was built."""
 
-    # the verlbox source those builds carry (context.image_source_digest): the top layer is built from it
+    # the verlbox source those builds carry (context.image_source_digest): one of their layers installs it
     verlbox: Sha256
     layers: Annotated[list[LockedLayer], Field(min_length=1)]  # none would make the bare base "the build"
     # what a container of that build runs with (built.runtime_config's digest): no layer holds it

@@ -108,8 +108,8 @@ def offline_layers(image: str, lock: Lock, base: str, records: Path) -> LockedLa
         write_record(records, record)
     if differing := other_source(record.files):
         raise UsageError(
-            f"{image} carries another verlbox than this one ({differing}): its top layer would match no image this "
-            "verlbox builds; build it offline with this verlbox"
+            f"{image} carries another verlbox than this one ({differing}): the layer that installs it would match no "
+            "image this verlbox builds; build it offline with this verlbox"
         )
     if not any(step.startswith("RUN ") and OFFLINE_STEP in step for step in record.steps):
         raise UsageError(
