@@ -103,8 +103,17 @@ def identity(reference: str) -> tuple[str, list[str], dict[str, str]]:
 
 # the image config's parts that say what a container of it runs and how (entrypoint, command, environment, user,
 # working folder, shell, volumes, labels...), not its parent image's ID or a container's terminal settings
-NOT_RUNTIME = {"Image", "Hostname", "Domainname", "AttachStdin", "AttachStdout", "AttachStderr", "Tty", "OpenStdin"}
-NOT_RUNTIME |= {"StdinOnce"}
+NOT_RUNTIME = {
+    "Image",
+    "Hostname",
+    "Domainname",
+    "AttachStdin",
+    "AttachStdout",
+    "AttachStderr",
+    "Tty",
+    "OpenStdin",
+    "StdinOnce",
+}
 
 
 def runtime_config(reference: str) -> dict[str, Any]:

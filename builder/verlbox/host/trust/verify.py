@@ -152,10 +152,10 @@ def differences(recipe: RecipeHead, image: str, labels: dict[str, str], records:
         found.append(
             f"lock {recipe.lock_path.name} was made for recipe hash {lock.recipe_hash[:12]}: run `verlbox lock`"
         )
-    found += _base_differences(lock, labels.get("io.verlbox.base"))
+    base = _base_differences(lock, labels.get("io.verlbox.base"))
     held = held_to_build(image, recipe.name, records, lock.layers, labels.get("io.verlbox.base"))
     if held.facts is None:  # the lock's own layers: its versions are the lock's
-        return found
+        return found + base
     pip_locked = {canonicalize_name(name): version for name, version in lock.packages("pip").items()}
     found += _compare("python", pip_locked, held.facts.pip)
     unlocked = sorted(set(held.facts.pip) - set(pip_locked) - NOT_FROM_AN_INDEX)
@@ -168,7 +168,7 @@ def differences(recipe: RecipeHead, image: str, labels: dict[str, str], records:
     apex = getattr(recipe, "apex", None)
     if apex and held.facts.apex != apex.commit:
         found.append(f"apex: image built from {held.facts.apex or 'an unrecorded source'}, recipe pins {apex.commit}")
-    return found + _compiled_differences(lock, held.facts.compiled) + held.differences
+    return found + base + _compiled_differences(lock, held.facts.compiled) + held.differences
 
 
 # the same plan, archive and toolchain compiled the lock's bytes in every clean build but one measured
